@@ -1,0 +1,44 @@
+"""Brokers by name: their options (for the CLI and config file) and how to build them.
+
+Adapter modules are imported only when their broker is chosen, so an installation that
+never uses RabbitMQ never imports aio-pika at run time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from adapters.base import Publisher
+from relay.config import Option
+
+# broker name -> module under adapters/ that defines OPTIONS and create(values)
+_MODULES = {"log": "adapters.log", "rabbitmq": "adapters.rabbitmq", "sqs": "adapters.sqs"}
+
+
+def broker_options() -> tuple[Option, ...]:
+    """Every broker's options, for the CLI and for checking config-file keys."""
+    options: list[Option] = []
+    for module_name in _MODULES.values():
+        module = _load(module_name)
+        if module is not None:
+            options.extend(getattr(module, "OPTIONS", ()))
+    return tuple(options)
+
+
+def create_publisher(broker: str, values: Mapping[str, Any]) -> Publisher:
+    module = _load(_MODULES[broker])
+    if module is None:
+        raise ModuleNotFoundError(f"broker {broker!r} is not available in this installation")
+    publisher: Publisher = module.create(values)
+    return publisher
+
+
+def _load(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:  # the adapter module itself is not there yet
+            return None
+        raise

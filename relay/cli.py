@@ -1,0 +1,164 @@
+"""The ``relay`` command line. Options come from flags, ``RELAY_*`` variables and the
+TOML file (``--config``), in that order; see :mod:`relay.config`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from adapters.registry import broker_options, create_publisher
+from relay import logs
+from relay.config import (
+    CORE_OPTIONS,
+    LOG_OPTIONS,
+    START_OPTIONS,
+    Option,
+    RelaySettings,
+    check_file_keys,
+    load_file,
+    names_from,
+    require_dsn,
+    resolve,
+)
+from relay.db import connect
+from relay.dsn import mask
+from relay.errors import ConfigError, DatabaseUnavailable
+from relay.migrate import migrate as apply_migrations
+
+BROKER_OPTIONS = broker_options()
+ALL_OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
+EXIT_USAGE = 2
+
+F = Callable[..., Any]
+
+
+def with_options(options: Sequence[Option]) -> Callable[[F], F]:
+    """Add one click option per declared Option; every default stays None so that
+    :func:`relay.config.resolve` can tell "not given" from "given"."""
+
+    def decorate(func: F) -> F:
+        for o in reversed(options):
+            help_text = o.help + (f" [env {o.env}]")
+            if o.kind == "bool":
+                func = click.option(f"{o.flag}/--no-{o.flag[2:]}", o.dest, default=None, help=help_text)(func)
+            else:
+                func = click.option(
+                    o.flag,
+                    o.dest,
+                    default=None,
+                    multiple=o.kind == "list",
+                    metavar=_metavar(o),
+                    help=help_text,
+                )(func)
+        return click.option(
+            "--config",
+            "config_path",
+            envvar="RELAY_CONFIG",
+            default=None,
+            metavar="FILE",
+            help="TOML config file. [env RELAY_CONFIG]",
+        )(func)
+
+    return decorate
+
+
+def _metavar(o: Option) -> str:
+    if o.kind == "choice":
+        return "[" + "|".join(o.choices) + "]"
+    return {"duration": "DURATION", "int": "N", "float": "X", "list": "TYPE"}.get(o.kind, "TEXT")
+
+
+def settings_for(options: Sequence[Option], cli_values: dict[str, Any]) -> dict[str, Any]:
+    path = cli_values.pop("config_path", None)
+    file = load_file(path)
+    if path:
+        check_file_keys(file, ALL_OPTIONS, path)
+    return resolve(options, cli_values, file)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="outbox-relay", prog_name="relay")
+def cli() -> None:
+    """outbox-relay: delivers transactional-outbox rows from PostgreSQL to a broker."""
+
+
+@cli.command("migrate")
+@with_options((*CORE_OPTIONS, *LOG_OPTIONS))
+def migrate_cmd(**cli_values: Any) -> None:
+    """Create or upgrade the outbox table (idempotent; safe to run concurrently)."""
+    values = settings_for((*CORE_OPTIONS, *LOG_OPTIONS), cli_values)
+    logs.configure(values["log_level"], values["log_format"])
+    dsn, names = require_dsn(values), names_from(values)
+
+    async def run() -> None:
+        conn = await connect(dsn)
+        async with conn:
+            result = await apply_migrations(conn, names)
+        if result.applied:
+            click.echo(f"{names.qualified}: applied {', '.join(result.applied)}")
+        else:
+            click.echo(f"{names.qualified}: up to date ({len(result.already)} migrations applied earlier)")
+
+    asyncio.run(run())
+
+
+START_ALL = (*CORE_OPTIONS, *START_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
+
+
+@cli.command("start")
+@with_options(START_ALL)
+def start_cmd(**cli_values: Any) -> None:
+    """Deliver outbox rows to the broker until SIGINT or SIGTERM."""
+    from relay.runner import run_relay
+
+    values = settings_for(START_ALL, cli_values)
+    logs.configure(values["log_level"], values["log_format"])
+    settings = RelaySettings.from_values(values)
+    publisher = create_publisher(settings.broker, values)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        signals = {"count": 0}
+
+        def on_signal() -> None:
+            signals["count"] += 1
+            if signals["count"] > 1:
+                # A second signal means "now": leases return every claimed row.
+                os._exit(130)
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        await run_relay(settings, publisher, stop)
+
+    asyncio.run(run())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point: one clear line and exit code 2 for bad input, never a traceback."""
+    try:
+        code = cli.main(
+            args=list(argv) if argv is not None else None, prog_name="relay", standalone_mode=False
+        )
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"relay: {mask(exc.format_message())}", err=True)
+        sys.exit(EXIT_USAGE)
+    except (ConfigError, DatabaseUnavailable) as exc:
+        click.echo(f"relay: {mask(str(exc))}", err=True)
+        sys.exit(EXIT_USAGE)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

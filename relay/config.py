@@ -1,0 +1,312 @@
+"""Settings: one declaration per option, read from the command line, ``RELAY_*``
+environment variables and a TOML file, in that order of precedence, then defaults.
+
+Every value, whatever its source, goes through the same parser, so a bad value gets the
+same one-line error from a flag, a variable or the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from relay.backoff import Backoff
+from relay.decide import Policy
+from relay.durations import parse_duration
+from relay.errors import ConfigError
+from relay.ordering import OrderingMap
+from relay.sqlnames import OutboxNames
+from relay.worker import WorkerConfig
+
+Kind = Literal["str", "int", "float", "duration", "choice", "list", "bool"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting. ``dest`` names it everywhere: flag ``--dest-with-dashes``, variable
+    ``RELAY_DEST``, and key ``key`` (default ``dest``) in TOML table ``section``."""
+
+    dest: str
+    kind: Kind
+    default: Any
+    help: str
+    section: str | None = None
+    key: str | None = None
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    secret: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "RELAY_" + self.dest.upper()
+
+    @property
+    def toml_key(self) -> str:
+        return self.key or self.dest
+
+    @property
+    def where(self) -> str:
+        return f"[{self.section}] {self.toml_key}" if self.section else self.toml_key
+
+    def parse(self, value: Any, source: str) -> Any:
+        """Convert ``value`` from ``source`` (a flag, a variable or the file) or raise ConfigError."""
+        name = f"{self.flag} (from {source})" if source != "command line" else self.flag
+        if self.kind == "duration":
+            return parse_duration(value, name=name)
+        if self.kind == "list":
+            if isinstance(value, str):
+                return tuple(v.strip() for v in value.split(",") if v.strip())
+            if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+                return tuple(value)
+            raise ConfigError(f"invalid {name}: expected a list of strings")
+        if self.kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"invalid {name}: {value!r} (expected true or false)")
+        if self.kind in ("int", "float"):
+            if isinstance(value, bool):
+                raise ConfigError(f"invalid {name}: {value!r} (expected a number)")
+            try:
+                number: float = int(value) if self.kind == "int" else float(value)
+            except (TypeError, ValueError):
+                expected = "an integer" if self.kind == "int" else "a number"
+                raise ConfigError(f"invalid {name}: {value!r} (expected {expected})") from None
+            if self.minimum is not None and number < self.minimum:
+                raise ConfigError(f"invalid {name}: {value!r} (must be at least {self.minimum:g})")
+            if self.maximum is not None and number > self.maximum:
+                raise ConfigError(f"invalid {name}: {value!r} (must be at most {self.maximum:g})")
+            return number
+        if not isinstance(value, str):
+            raise ConfigError(f"invalid {name}: expected a string")
+        if self.kind == "choice" and value not in self.choices:
+            raise ConfigError(f"invalid {name}: {value!r} (choose from {', '.join(self.choices)})")
+        return value
+
+
+BROKERS = ("sqs", "rabbitmq", "log")
+
+CORE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "dsn",
+        "str",
+        None,
+        "PostgreSQL connection string or URL of the database holding the outbox.",
+        secret=True,
+    ),
+    Option("schema", "str", "public", "Schema of the outbox table."),
+    Option("table", "str", "outbox", "Name of the outbox table."),
+)
+
+START_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "broker",
+        "choice",
+        None,
+        "Where to deliver: sqs, rabbitmq, or log (JSON lines on stdout).",
+        choices=BROKERS,
+    ),
+    Option("workers", "int", 4, "Dispatch loops in this process.", minimum=1, maximum=256),
+    Option("batch_size", "int", 100, "Rows one claim leases at most.", minimum=1, maximum=1000),
+    Option("lease", "duration", "60s", "How long a claim owns its rows before others may take them over."),
+    Option(
+        "publish_timeout",
+        "duration",
+        "20s",
+        "Deadline for one batch's publish; must end well inside the lease.",
+    ),
+    Option("poll_interval", "duration", "1s", "How long an idle worker waits before it looks again."),
+    Option(
+        "max_attempts", "int", 12, "Claims a message gets before it goes to dead.", minimum=1, maximum=1000
+    ),
+    Option("backoff_base", "duration", "1s", "First retry waits up to this long (full jitter)."),
+    Option("backoff_cap", "duration", "5m", "No retry waits longer than this."),
+    Option(
+        "shutdown_grace",
+        "duration",
+        "10s",
+        "On SIGTERM, how long in-flight publishes may finish before they are abandoned.",
+    ),
+    Option(
+        "defer_max_age",
+        "duration",
+        "1d",
+        "A message deferred past this age since it was written goes to dead.",
+    ),
+    Option(
+        "ordering_default",
+        "choice",
+        "ordered",
+        "Strategy for event types no ordering rule names.",
+        section="ordering",
+        key="default",
+        choices=("ordered", "unordered"),
+    ),
+    Option(
+        "ordered",
+        "list",
+        (),
+        "Event types (names or globs such as 'Order*') delivered in order per aggregate.",
+        section="ordering",
+    ),
+    Option(
+        "unordered",
+        "list",
+        (),
+        "Event types (names or globs) delivered without ordering.",
+        section="ordering",
+    ),
+)
+
+LOG_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "log_level",
+        "choice",
+        "info",
+        "debug, info, warning or error.",
+        choices=("debug", "info", "warning", "error"),
+    ),
+    Option("log_format", "choice", "text", "text or json (one object per line).", choices=("text", "json")),
+)
+
+
+def load_file(path: str | None) -> dict[str, Any]:
+    """Read the TOML config file, or return {} when none was given."""
+    if not path:
+        return {}
+    file = Path(path)
+    try:
+        with file.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file is a directory: {path}") from None
+    except PermissionError:
+        raise ConfigError(f"config file is not readable: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"malformed config file {path}: {exc}") from None
+
+
+def check_file_keys(data: Mapping[str, Any], known: Iterable[Option], path: str) -> None:
+    """Reject keys no option declares, so a typo never silently means "use the default"."""
+    top = {o.toml_key for o in known if o.section is None}
+    sections: dict[str, set[str]] = {}
+    for o in known:
+        if o.section:
+            sections.setdefault(o.section, set()).add(o.toml_key)
+    for key, value in data.items():
+        if key in sections:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: [{key}] must be a table")
+            for sub in value:
+                if sub not in sections[key]:
+                    raise ConfigError(f"{path}: unknown key {sub!r} in [{key}]")
+        elif key not in top:
+            raise ConfigError(f"{path}: unknown key {key!r}")
+
+
+def resolve(
+    options: Sequence[Option],
+    cli: Mapping[str, Any],
+    file: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Each option's value: command line, else ``RELAY_*`` variable, else file, else default."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for o in options:
+        raw = cli.get(o.dest)
+        if raw is not None and raw != ():
+            values[o.dest] = o.parse(raw, "command line")
+            continue
+        if o.env in env and env[o.env] != "":
+            values[o.dest] = o.parse(env[o.env], o.env)
+            continue
+        table = file.get(o.section, {}) if o.section else file
+        if o.toml_key in table:
+            values[o.dest] = o.parse(table[o.toml_key], f"config {o.where}")
+            continue
+        values[o.dest] = o.parse(o.default, "default") if o.default is not None else None
+    return values
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    """Everything `relay start` needs from the core options, validated together."""
+
+    dsn: str
+    names: OutboxNames
+    broker: str
+    workers: int
+    worker: WorkerConfig
+    ordering: OrderingMap
+    shutdown_grace: timedelta = timedelta(seconds=10)
+
+    @classmethod
+    def from_values(cls, v: Mapping[str, Any]) -> RelaySettings:
+        dsn = require_dsn(v)
+        if not v.get("broker"):
+            raise ConfigError(f"no broker chosen: pass --broker ({', '.join(BROKERS)}) or set RELAY_BROKER")
+        lease: timedelta = v["lease"]
+        publish_timeout: timedelta = v["publish_timeout"]
+        if lease <= timedelta(0):
+            raise ConfigError("invalid --lease: must be longer than zero")
+        if publish_timeout <= timedelta(0):
+            raise ConfigError("invalid --publish-timeout: must be longer than zero")
+        if publish_timeout >= lease:
+            raise ConfigError(
+                f"--publish-timeout ({publish_timeout.total_seconds():g}s) must be shorter than --lease"
+                f" ({lease.total_seconds():g}s): a publish still running when its lease expires could"
+                " deliver out of order after another worker took the message over"
+            )
+        if v["backoff_cap"] < v["backoff_base"]:
+            raise ConfigError("--backoff-cap must not be shorter than --backoff-base")
+        ordering = OrderingMap(
+            default_ordered=v["ordering_default"] == "ordered", ordered=v["ordered"], unordered=v["unordered"]
+        )
+        worker = WorkerConfig(
+            batch_size=v["batch_size"],
+            lease=lease,
+            publish_timeout=publish_timeout,
+            poll_interval=v["poll_interval"],
+            policy=Policy(
+                max_attempts=v["max_attempts"],
+                backoff=Backoff(base=v["backoff_base"], cap=v["backoff_cap"]),
+                defer_max_age=v["defer_max_age"],
+            ),
+        )
+        return cls(
+            dsn=dsn,
+            names=names_from(v),
+            broker=v["broker"],
+            workers=v["workers"],
+            worker=worker,
+            ordering=ordering,
+            shutdown_grace=v["shutdown_grace"],
+        )
+
+
+def require_dsn(v: Mapping[str, Any]) -> str:
+    dsn = v.get("dsn")
+    if not dsn:
+        raise ConfigError("no database given: pass --dsn, set RELAY_DSN, or put dsn in the config file")
+    return str(dsn)
+
+
+def names_from(v: Mapping[str, Any]) -> OutboxNames:
+    return OutboxNames(schema=v.get("schema") or "public", table=v.get("table") or "outbox")

@@ -1,0 +1,62 @@
+"""Opening connections to PostgreSQL with errors a person can act on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from relay.dsn import describe_dsn, mask
+from relay.errors import ConfigError, DatabaseUnavailable
+from relay.sqlnames import OutboxNames
+
+CONNECT_TIMEOUT_S = 5
+
+
+async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
+    """One autocommit connection; failures become DatabaseUnavailable naming host and database."""
+    where = describe_dsn(dsn)
+    try:
+        return await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, **kwargs
+        )
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {_reason(exc)}") from None
+    except psycopg.ProgrammingError as exc:  # malformed options inside an otherwise parseable DSN
+        raise ConfigError(f"invalid --dsn: {mask(_reason(exc))}") from None
+
+
+def _reason(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    # libpq prefixes the reason with "connection failed: connection to server at ..."; keep the end.
+    text = lines[-1] if lines else type(exc).__name__
+    return mask(text.split(": ", 1)[-1] if text.startswith("connection to server") else text)
+
+
+async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
+    """A pool of ``size`` autocommit connections, checked by one real connection first."""
+    probe = await connect(dsn)
+    await probe.close()
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn,
+        min_size=size,
+        max_size=size,
+        open=False,
+        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+        # Connections found broken are replaced on return instead of handed out again.
+        check=AsyncConnectionPool.check_connection,
+        name="relay",
+    )
+    await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
+    return pool
+
+
+async def check_schema(conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> None:
+    """Fail with a clear line when the outbox has not been migrated."""
+    cur = await conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (f'"{names.schema}"."{names.table}_migrations"',)
+    )
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        raise ConfigError(f"outbox {names.qualified} is not set up: run `relay migrate` first")

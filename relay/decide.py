@@ -1,0 +1,69 @@
+"""Turns a publish outcome into the decision finalize writes: the failure-class policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from relay.backoff import Backoff
+from relay.errors import BrokerUnavailable, Defer, PermanentError, RetryableError
+from relay.message import Decision, OutboxMessage
+
+# last_error is for people reading `relay dead list`; a stack of nested SDK reprs can be
+# kilobytes, and a row should not grow with every retry.
+MAX_ERROR_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How failures are retried. Every number is a setting of `relay start`."""
+
+    max_attempts: int = 12
+    backoff: Backoff = field(default_factory=Backoff)
+    # A message deferred for longer than this since it was written goes to 'dead'.
+    defer_max_age: timedelta = timedelta(days=1)
+
+    def decide(
+        self, message: OutboxMessage, outcome: BaseException | None, *, broker_failures: int = 1
+    ) -> Decision:
+        if outcome is None:
+            return Decision.published(message)
+        if isinstance(outcome, BrokerUnavailable):
+            return Decision.broker_unavailable(
+                message, self.backoff.delay(broker_failures).total_seconds(), describe(outcome)
+            )
+        if isinstance(outcome, Defer):
+            delay = max(outcome.delay.total_seconds(), 0.0)
+            if message.age_s + delay > self.defer_max_age.total_seconds():
+                return Decision.dead(
+                    message,
+                    describe_text(f"deferred past defer_max_age ({self.defer_max_age}): {outcome.reason}"),
+                )
+            return Decision.defer(message, delay, describe_text(outcome.reason))
+        if isinstance(outcome, RetryableError):
+            if message.attempt >= self.max_attempts:
+                return Decision.dead(
+                    message, f"retries exhausted after {message.attempt} attempts: {describe(outcome)}"
+                )
+            return Decision.retry(
+                message, self.backoff.delay(message.attempt).total_seconds(), describe(outcome)
+            )
+        if isinstance(outcome, PermanentError):
+            return Decision.dead(message, describe(outcome))
+        # Nobody classified this: it is a bug in an adapter, not a transient fault, so it is
+        # not retried as one. Dead at once (the worker logs the traceback), for a human to
+        # re-drive once the adapter is fixed.
+        return Decision.dead(message, f"unclassified publisher error (adapter bug?): {describe(outcome)}")
+
+
+def is_classified(exc: BaseException) -> bool:
+    return isinstance(exc, RetryableError | PermanentError | Defer | BrokerUnavailable)
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return describe_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def describe_text(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"

@@ -1,0 +1,56 @@
+"""The failure classes a publisher sorts every outcome into, and the relay's own errors.
+
+Broker adapters translate SDK exceptions into these classes at their boundary; the
+dispatch loop only ever sees these, never an SDK type. An exception that is none of
+them is treated as a bug (see ``relay.decide``): it is not retried as if transient.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+
+class RetryableError(Exception):
+    """A transient failure (timeout, lost connection, throttling, 5xx).
+
+    The message is rescheduled with full-jitter backoff and its attempt counts; once
+    ``max_attempts`` is reached it goes to 'dead'.
+    """
+
+
+class PermanentError(Exception):
+    """A failure no retry can fix (the message is too large, its content is refused).
+
+    The message goes to 'dead' at once, for a human to look at.
+    """
+
+
+class Defer(Exception):
+    """The message cannot go yet for a reason that is not a failure.
+
+    It is rescheduled after ``delay`` and the attempt the claim took is refunded, so
+    deferring never exhausts ``max_attempts``. A ceiling on the age of the message
+    (``defer_max_age``) stops a message from being deferred forever.
+    """
+
+    def __init__(self, delay: timedelta, reason: str) -> None:
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason
+
+
+class BrokerUnavailable(Exception):
+    """The broker refuses every message, whatever the message: it is unreachable, or a
+    configuration fault (missing exchange or queue, access denied) stops all delivery.
+
+    Not the message's fault, so no attempt is spent and nothing goes to 'dead'; the
+    message is rescheduled and the worker backs off before it claims again.
+    """
+
+
+class ConfigError(Exception):
+    """Invalid configuration or input, reported as one line with exit code 2."""
+
+
+class DatabaseUnavailable(Exception):
+    """PostgreSQL cannot be reached; the message names host and database, never a password."""

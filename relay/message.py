@@ -1,0 +1,83 @@
+"""The message a claim hands to a publisher, and the decision written back for it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """One claimed outbox row, as the publisher sees it.
+
+    ``id`` is the downstream de-duplication key: it never changes across retries.
+    ``lease_version`` is the fencing token of this claim; adapters send it as a header
+    so consumers can tell a stale worker's late delivery from the current one.
+    """
+
+    id: int
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    body: bytes  # the payload as JSON text, exactly as PostgreSQL rendered the jsonb
+    attempt: int  # 1 on the first claim; a crash counts as an attempt
+    lease_version: int
+    ordered: bool  # routed through the ordered claim (at most one per aggregate in flight)
+    age_s: float = 0.0  # seconds since created_at, by the database clock at claim time
+
+    def payload(self) -> Any:
+        """The payload decoded from JSON (tests and simple publishers)."""
+        return json.loads(self.body)
+
+    def log_fields(self) -> dict[str, Any]:
+        """The fields every log line about this message carries."""
+        return {
+            "outbox_id": self.id,
+            "aggregate_id": self.aggregate_id,
+            "event_type": self.event_type,
+            "lease_version": self.lease_version,
+        }
+
+
+Kind = Literal["published", "retry", "defer", "dead", "released", "broker_unavailable"]
+Status = Literal["done", "pending", "dead"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What finalize writes for one message; build it with the constructors below so only
+    valid combinations exist (River's one-constructor-per-outcome habit)."""
+
+    message: OutboxMessage
+    kind: Kind
+    status: Status
+    delay_s: float = 0.0
+    error: str | None = None
+    refund: bool = False
+
+    @classmethod
+    def published(cls, message: OutboxMessage) -> Decision:
+        return cls(message, "published", "done")
+
+    @classmethod
+    def retry(cls, message: OutboxMessage, delay_s: float, error: str) -> Decision:
+        return cls(message, "retry", "pending", delay_s=delay_s, error=error)
+
+    @classmethod
+    def defer(cls, message: OutboxMessage, delay_s: float, reason: str) -> Decision:
+        return cls(message, "defer", "pending", delay_s=delay_s, error=f"deferred: {reason}", refund=True)
+
+    @classmethod
+    def dead(cls, message: OutboxMessage, error: str) -> Decision:
+        return cls(message, "dead", "dead", error=error)
+
+    @classmethod
+    def released(cls, message: OutboxMessage) -> Decision:
+        """Hand an unpublished message back at once, refunding the attempt (shutdown)."""
+        return cls(message, "released", "pending", refund=True, error="released unpublished at shutdown")
+
+    @classmethod
+    def broker_unavailable(cls, message: OutboxMessage, delay_s: float, error: str) -> Decision:
+        """Back to pending with the attempt refunded: the broker, not the message, failed."""
+        return cls(message, "broker_unavailable", "pending", delay_s=delay_s, error=error, refund=True)

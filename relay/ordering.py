@@ -1,0 +1,163 @@
+"""The event-type ordering map: which event types are delivered in order per aggregate.
+
+Rules, from strongest to weakest:
+
+1. an exact name in ``ordered`` or ``unordered``;
+2. a glob pattern (``*``, ``?``, ``[...]``) in ``ordered`` or ``unordered``; when a
+   type matches patterns of both lists, ``ordered`` wins, because silently giving up
+   order is the worse mistake;
+3. ``default``.
+
+A name may not stand in both lists, and a list entry may not be empty.
+
+Ordering scope: within one ``aggregate_id``, the ordered messages form one sequence in
+id order, whatever their event types. Unordered messages of the same aggregate are
+outside that sequence: they neither wait for ordered ones nor hold them up (so a dead
+notification never blocks the order's events).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay.errors import ConfigError
+
+_GLOB_CHARS = set("*?[")
+DEFAULTS = ("ordered", "unordered")
+
+
+def _is_glob(entry: str) -> bool:
+    return any(c in _GLOB_CHARS for c in entry)
+
+
+@dataclass(frozen=True)
+class OrderingMap:
+    """Routes each event type to the ordered or the unordered claim strategy."""
+
+    default_ordered: bool = True
+    ordered: tuple[str, ...] = ()
+    unordered: tuple[str, ...] = ()
+    _cache: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for entry in (*self.ordered, *self.unordered):
+            if not isinstance(entry, str) or not entry.strip():
+                raise ConfigError(
+                    f"invalid ordering entry {entry!r}: expected a non-empty event type or glob"
+                )
+        both = {e for e in self.ordered if not _is_glob(e)} & {e for e in self.unordered if not _is_glob(e)}
+        if both:
+            raise ConfigError(f"event type {sorted(both)[0]!r} is listed as both ordered and unordered")
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any]) -> OrderingMap:
+        """Build the map from the ``[ordering]`` table of the config file."""
+        unknown = set(section) - {"default", "ordered", "unordered"}
+        if unknown:
+            raise ConfigError(f"unknown key in [ordering]: {sorted(unknown)[0]!r}")
+        default = section.get("default", "ordered")
+        if default not in DEFAULTS:
+            raise ConfigError(f"invalid ordering default {default!r}: expected 'ordered' or 'unordered'")
+        return cls(
+            default_ordered=default == "ordered",
+            ordered=_entries(section.get("ordered", ()), "ordering.ordered"),
+            unordered=_entries(section.get("unordered", ()), "ordering.unordered"),
+        )
+
+    def is_ordered(self, event_type: str) -> bool:
+        cached = self._cache.get(event_type)
+        if cached is None:
+            cached = self._cache[event_type] = self._classify(event_type)
+        return cached
+
+    def _classify(self, event_type: str) -> bool:
+        if event_type in self.exact_ordered:
+            return True
+        if event_type in self.exact_unordered:
+            return False
+        if any(fnmatch.fnmatchcase(event_type, p) for p in self.ordered if _is_glob(p)):
+            return True
+        if any(fnmatch.fnmatchcase(event_type, p) for p in self.unordered if _is_glob(p)):
+            return False
+        return self.default_ordered
+
+    @property
+    def exact_ordered(self) -> list[str]:
+        return [e for e in self.ordered if not _is_glob(e)]
+
+    @property
+    def exact_unordered(self) -> list[str]:
+        return [e for e in self.unordered if not _is_glob(e)]
+
+    @property
+    def regex_ordered(self) -> list[str]:
+        return [_to_regex(e) for e in self.ordered if _is_glob(e)]
+
+    @property
+    def regex_unordered(self) -> list[str]:
+        return [_to_regex(e) for e in self.unordered if _is_glob(e)]
+
+    @property
+    def may_have_ordered(self) -> bool:
+        """False when no event type can be ordered, so the ordered claim can be skipped."""
+        return self.default_ordered or bool(self.ordered)
+
+    @property
+    def may_have_unordered(self) -> bool:
+        return not self.default_ordered or bool(self.unordered)
+
+    def sql_params(self) -> dict[str, Any]:
+        """Parameters for the database-side twin of :meth:`is_ordered` (``is_ordered`` in SQL)."""
+        return {
+            "ord_names": self.exact_ordered,
+            "unord_names": self.exact_unordered,
+            "ord_patterns": self.regex_ordered,
+            "unord_patterns": self.regex_unordered,
+            "ord_default": self.default_ordered,
+        }
+
+    def describe(self) -> str:
+        default = "ordered" if self.default_ordered else "unordered"
+        return f"default={default} ordered={list(self.ordered)} unordered={list(self.unordered)}"
+
+
+def _entries(value: Any, name: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in (s.strip() for s in value.split(",")) if v]
+    if not isinstance(value, Iterable) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"invalid {name}: expected a list of event types or glob patterns")
+    return tuple(value)
+
+
+def _to_regex(glob: str) -> str:
+    """A glob as a POSIX regex PostgreSQL's ``~`` understands (anchored, case-sensitive).
+
+    ``fnmatch.translate`` emits Python-only syntax (``(?s:...)\\Z``), so translate by hand.
+    """
+    out = ["^"]
+    i = 0
+    while i < len(glob):
+        c = glob[i]
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            j = glob.find("]", i + 2)
+            if j == -1:
+                out.append(r"\[")
+            else:
+                body = glob[i + 1 : j]
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", r"\\") + "]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    out.append("$")
+    return "".join(out)

@@ -1,0 +1,52 @@
+"""Where the ``sql/`` directory is, and how its named statements are read.
+
+Installed wheels carry ``sql/`` as ``relay/_sql``; a source checkout (and an editable
+install) reads the top-level ``sql/`` beside the packages.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+_HEADER = re.compile(r"^-- (?P<name>[a-z_][a-z0-9_]*) --$", re.MULTILINE)
+
+
+def sql_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_sql", here.parent / "sql"):
+        if (candidate / "queries.sql").is_file():
+            return candidate
+    raise FileNotFoundError("the relay's sql/ directory is missing from this installation")
+
+
+@cache
+def named_queries() -> dict[str, str]:
+    """Parse ``sql/queries.sql`` into ``{name: statement}``, once per process."""
+    text = (sql_dir() / "queries.sql").read_text(encoding="utf-8")
+    matches = list(_HEADER.finditer(text))
+    queries: dict[str, str] = {}
+    for match, following in zip(matches, [*matches[1:], None], strict=True):
+        end = following.start() if following else len(text)
+        body = text[match.end() : end].strip()
+        # Drop the description lines under the header; keep the statement itself.
+        lines = body.splitlines()
+        while lines and lines[0].startswith("--"):
+            lines.pop(0)
+        queries[match.group("name")] = "\n".join(lines).strip().rstrip(";")
+    return queries
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """``(version, name, text)`` for every ``sql/migrations/NNNN_name.sql``, in order."""
+    found = []
+    for path in sorted((sql_dir() / "migrations").glob("*.sql")):
+        number, _, name = path.stem.partition("_")
+        if not number.isdigit():
+            raise ValueError(f"migration file name must start with a number: {path.name}")
+        found.append((int(number), name, path.read_text(encoding="utf-8")))
+    versions = [v for v, _, _ in found]
+    if len(set(versions)) != len(versions):
+        raise ValueError("two migration files share a number")
+    return found

@@ -1,0 +1,130 @@
+"""The outbox store: the only code that names queries and turns rows into messages.
+
+The dispatch loop calls :meth:`OutboxStore.claim` and :meth:`OutboxStore.finalize` and
+never sees SQL. Each call borrows a pooled connection for one short transaction and
+returns it before any broker call is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from relay.message import Decision, OutboxMessage
+from relay.ordering import OrderingMap
+from relay.sqlfiles import named_queries
+from relay.sqlnames import OutboxNames
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """A row the claim sent to 'dead' because its lease expired on its last attempt."""
+
+    id: int
+    aggregate_id: str
+    event_type: str
+    lease_version: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    messages: list[OutboxMessage]
+    reaped: list[Reaped]
+
+
+class OutboxStore:
+    """Claims and finalizes rows of one outbox table."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], names: OutboxNames, ordering: OrderingMap) -> None:
+        self.pool = pool
+        self.names = names
+        self.ordering = ordering
+        self._ordering_params = ordering.sql_params()
+        # Render every statement once: identifiers are fixed for the life of the store.
+        self._sql = {name: names.render(text) for name, text in named_queries().items()}
+
+    def query(self, name: str) -> psycopg.sql.Composed:
+        return self._sql[name]
+
+    async def claim(
+        self,
+        *,
+        owner: str,
+        batch: int,
+        lease: timedelta,
+        max_attempts: int,
+        ordered_first: bool = True,
+    ) -> Claim:
+        """Lease up to ``batch`` rows in one short transaction.
+
+        First reaps expired leases whose attempts are spent, then runs the ordered and the
+        unordered claim for the rest of the batch. ``ordered_first`` says which strategy
+        gets the first pick; workers alternate it so neither starves the other.
+        """
+        params: dict[str, Any] = {
+            "owner": owner,
+            "lease": lease,
+            "max_attempts": max_attempts,
+            **self._ordering_params,
+        }
+        strategies = []
+        if self.ordering.may_have_ordered:
+            strategies.append("claim_ordered")
+        if self.ordering.may_have_unordered:
+            strategies.append("claim_unordered")
+        if not ordered_first:
+            strategies.reverse()
+
+        messages: list[OutboxMessage] = []
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(self._sql["reap_expired"], params)
+            reaped = [Reaped(*row) for row in await cur.fetchall()]
+            for name in strategies:
+                remaining = batch - len(messages)
+                if remaining <= 0:
+                    break
+                cur = await conn.execute(self._sql[name], {**params, "batch": remaining})
+                for row in await cur.fetchall():
+                    messages.append(
+                        OutboxMessage(
+                            id=row[0],
+                            aggregate_type=row[1],
+                            aggregate_id=row[2],
+                            event_type=row[3],
+                            body=row[4].encode(),
+                            attempt=row[5],
+                            lease_version=row[6],
+                            age_s=row[7],
+                            ordered=row[8],
+                        )
+                    )
+        messages.sort(key=lambda m: m.id)  # RETURNING order is not guaranteed
+        return Claim(messages=messages, reaped=reaped)
+
+    async def finalize(self, decisions: Sequence[Decision]) -> set[int]:
+        """Write every decision in one fenced statement; return the ids that were refused.
+
+        A refused id means the row is no longer ``processing`` at our ``lease_version``:
+        our lease expired and another worker claimed it (or the reaper sent it to dead).
+        The row is left exactly as the new owner has it.
+        """
+        if not decisions:
+            return set()
+        params = {
+            "ids": [d.message.id for d in decisions],
+            "versions": [d.message.lease_version for d in decisions],
+            "statuses": [d.status for d in decisions],
+            "delays": [d.delay_s for d in decisions],
+            "errors": [d.error for d in decisions],
+            "refunds": [1 if d.refund else 0 for d in decisions],
+        }
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(self._sql["finalize"], params)
+            written = {row[0] for row in await cur.fetchall()}
+        return {d.message.id for d in decisions} - written

@@ -1,0 +1,122 @@
+"""Fixtures: a real PostgreSQL, one fresh schema per test, and helpers to fill the outbox."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from relay.migrate import migrate
+from relay.ordering import OrderingMap
+from relay.sqlnames import OutboxNames
+from relay.store import OutboxStore
+from tests.services import SKIP_PG, postgres_dsn
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    with postgres_dsn() as dsn:
+        if dsn is None:
+            pytest.skip(SKIP_PG)
+        yield dsn
+
+
+@pytest.fixture
+async def names(pg_dsn: str) -> AsyncIterator[OutboxNames]:
+    """A migrated outbox in a schema of its own, dropped after the test."""
+    names = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="outbox")
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await migrate(conn, names)
+    yield names
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
+
+
+@pytest.fixture
+async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    p: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        pg_dsn, min_size=1, max_size=10, open=False, kwargs={"autocommit": True}
+    )
+    await p.open(wait=True)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+def make_store(
+    pool: AsyncConnectionPool[Any], names: OutboxNames
+) -> Callable[..., OutboxStore]:
+    def make(ordering: OrderingMap | None = None) -> OutboxStore:
+        return OutboxStore(pool, names, ordering or OrderingMap())
+
+    return make
+
+
+@pytest.fixture
+def store(make_store: Callable[..., OutboxStore]) -> OutboxStore:
+    return make_store()
+
+
+@pytest.fixture
+def db(pg_dsn: str, names: OutboxNames) -> Iterator[Db]:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        yield Db(conn, names)
+
+
+class Db:
+    """Synchronous helpers for arranging and inspecting the outbox in tests."""
+
+    def __init__(self, conn: psycopg.Connection[Any], names: OutboxNames) -> None:
+        self.conn = conn
+        self.names = names
+        self.table = sql.Identifier(names.schema, names.table)
+
+    def insert(self, rows: Iterable[tuple[str, str, Any]], aggregate_type: str = "order") -> list[int]:
+        """Insert (aggregate_id, event_type, payload) rows the way a producer would."""
+        ids = []
+        with self.conn.transaction():
+            for aggregate_id, event_type, payload in rows:
+                cur = self.conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+                        " VALUES (%s, %s, %s, %s) RETURNING id"
+                    ).format(self.table),
+                    (aggregate_type, aggregate_id, event_type, json.dumps(payload)),
+                )
+                row = cur.fetchone()
+                assert row is not None
+                ids.append(row[0])
+        return ids
+
+    def rows(self, where: str = "true") -> list[dict[str, Any]]:
+        cur = self.conn.cursor(row_factory=psycopg.rows.dict_row)
+        cur.execute(sql.SQL("SELECT * FROM {} WHERE " + where + " ORDER BY id").format(self.table))
+        return cur.fetchall()
+
+    def row(self, outbox_id: int) -> dict[str, Any]:
+        [found] = self.rows(f"id = {int(outbox_id)}")
+        return found
+
+    def statuses(self) -> dict[str, int]:
+        cur = self.conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(self.table))
+        return dict(cur.fetchall())
+
+    def expire_leases(self) -> None:
+        """Move every lease into the past: what waiting out the lease would do, without the wait."""
+        self.conn.execute(
+            sql.SQL(
+                "UPDATE {} SET lease_until = now() - interval '1 second' WHERE status = 'processing'"
+            ).format(self.table)
+        )
+
+    def make_available(self) -> None:
+        """Pull every backoff forward so rescheduled rows are ready now."""
+        self.conn.execute(
+            sql.SQL("UPDATE {} SET available_at = now() WHERE status = 'pending'").format(self.table)
+        )

@@ -1,0 +1,150 @@
+"""The claim and the fenced finalize against a real PostgreSQL: the design reference's races."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from relay.message import Decision
+from relay.ordering import OrderingMap
+from relay.store import OutboxStore
+from tests.conftest import Db
+
+LONG = timedelta(seconds=30)
+
+
+async def claim(store: OutboxStore, owner: str, batch: int = 10, lease: timedelta = LONG, max_attempts: int = 3):
+    result = await store.claim(owner=owner, batch=batch, lease=lease, max_attempts=max_attempts)
+    return result.messages
+
+
+async def test_four_workers_claiming_seven_at_a_time_get_each_row_once(
+    pg_dsn: str, db: Db, names: Any
+) -> None:
+    from psycopg_pool import AsyncConnectionPool
+
+    db.insert((f"agg-{i}", "Ping", {"i": i}) for i in range(200))
+    # Each worker gets its own pool so the four claims really run on four connections at once.
+    pools = [AsyncConnectionPool(pg_dsn, min_size=1, max_size=1, open=False, kwargs={"autocommit": True})
+             for _ in range(4)]
+    for p in pools:
+        await p.open(wait=True)
+    stores = [OutboxStore(p, names, OrderingMap(default_ordered=False)) for p in pools]
+    got: dict[str, list[int]] = {f"w{i}": [] for i in range(4)}
+
+    async def worker(name: str, store: OutboxStore) -> None:
+        while True:
+            batch = await claim(store, name, batch=7)
+            if not batch:
+                return
+            got[name].extend(m.id for m in batch)
+            await asyncio.sleep(0)
+
+    try:
+        await asyncio.gather(*(worker(f"w{i}", s) for i, s in enumerate(stores)))
+    finally:
+        for p in pools:
+            await p.close()
+    everything = [i for ids in got.values() for i in ids]
+    assert len(everything) == 200
+    assert len(set(everything)) == 200
+    assert sum(1 for ids in got.values() if ids) >= 2, "the claims did not run concurrently"
+    assert db.statuses() == {"processing": 200}
+
+
+async def test_claim_writes_owner_lease_version_and_attempt(store: OutboxStore, db: Db) -> None:
+    [oid] = db.insert([("a", "Ping", {"x": 1})])
+    [m] = await claim(store, "A", lease=timedelta(seconds=45))
+    row = db.row(oid)
+    assert (m.id, m.lease_version, m.attempt) == (oid, 1, 1)
+    assert m.payload() == {"x": 1}
+    assert row["status"] == "processing"
+    assert row["lease_owner"] == "A"
+    assert row["lease_version"] == 1 and row["attempts"] == 1
+    lease = (row["lease_until"] - row["created_at"]).total_seconds()
+    assert 44 <= lease <= 46  # by the database clock, from the claim
+
+
+async def test_crashed_worker_keeps_the_row_for_its_lease_then_loses_it_to_the_fence(
+    store: OutboxStore, db: Db
+) -> None:
+    [oid] = db.insert([("a", "Ping", {})])
+    [a] = await claim(store, "A", lease=timedelta(milliseconds=300))
+    assert await claim(store, "B") == []  # A's lease holds: nobody else may take it
+    await asyncio.sleep(0.4)
+    [b] = await claim(store, "B")
+    assert b.id == a.id == oid
+    assert b.lease_version == a.lease_version + 1
+    assert b.attempt == a.attempt + 1
+    assert db.row(oid)["lease_owner"] == "B"
+
+    assert await store.finalize([Decision.published(a)]) == {oid}  # A's late write is refused
+    assert db.row(oid)["status"] == "processing"  # ...and changed nothing
+    assert await store.finalize([Decision.published(b)]) == set()
+    row = db.row(oid)
+    assert row["status"] == "done" and row["done_at"] is not None and row["lease_until"] is None
+
+
+async def test_expired_lease_without_takeover_still_finalizes(store: OutboxStore, db: Db) -> None:
+    # Correctness rests on the generation, not the clock: nobody took over, so A's work counts.
+    [oid] = db.insert([("a", "Ping", {})])
+    [a] = await claim(store, "A")
+    db.expire_leases()
+    assert await store.finalize([Decision.published(a)]) == set()
+    assert db.row(oid)["status"] == "done"
+
+
+async def test_row_crashed_max_attempts_times_goes_dead_and_is_never_claimed_again(
+    store: OutboxStore, db: Db
+) -> None:
+    [oid] = db.insert([("a", "Poison", {})])
+    for attempt in range(1, 4):
+        [m] = await claim(store, f"W{attempt}", max_attempts=3)
+        assert m.attempt == attempt
+        db.expire_leases()  # the worker died while publishing
+    result = await store.claim(owner="W4", batch=10, lease=LONG, max_attempts=3)
+    assert result.messages == []
+    assert [r.id for r in result.reaped] == [oid]
+    row = db.row(oid)
+    assert row["status"] == "dead" and row["attempts"] == 3 and row["lease_until"] is None
+    assert "lease expired after 3 attempts" in row["last_error"]
+    assert await claim(store, "W5", max_attempts=3) == []
+    assert await claim(store, "W6", max_attempts=10) == []  # dead stays dead, whatever the limit
+
+
+async def test_batched_finalize_is_fenced_row_by_row(store: OutboxStore, db: Db) -> None:
+    ids = db.insert([("a", "Ping", {}), ("b", "Ping", {}), ("c", "Ping", {})])
+    first = await claim(store, "A")
+    # Only the middle row's lease runs out, and B takes it over.
+    db.conn.execute(
+        psycopg.sql.SQL("UPDATE {} SET lease_until = now() - interval '1s' WHERE id = %s").format(db.table),
+        (ids[1],),
+    )
+    [b] = await claim(store, "B")
+    assert b.id == ids[1] and b.lease_version == 2
+
+    refused = await store.finalize([Decision.published(m) for m in first])
+    assert refused == {ids[1]}
+    assert [r["status"] for r in db.rows()] == ["done", "processing", "done"]
+    middle = db.row(ids[1])
+    assert middle["lease_owner"] == "B" and middle["lease_version"] == 2
+
+
+async def test_finalize_of_a_row_that_is_gone_is_refused_not_raised(store: OutboxStore, db: Db) -> None:
+    [oid] = db.insert([("a", "Ping", {})])
+    [m] = await claim(store, "A")
+    db.conn.execute(psycopg.sql.SQL("DELETE FROM {}").format(db.table))
+    assert await store.finalize([Decision.published(m)]) == {oid}
+
+
+async def test_backed_off_rows_wait_for_available_at(store: OutboxStore, db: Db) -> None:
+    db.insert([("a", "Ping", {})])
+    [m] = await claim(store, "A")
+    await store.finalize([Decision.retry(m, 60.0, "RetryableError: nope")])
+    assert await claim(store, "B") == []
+    db.make_available()
+    [again] = await claim(store, "B")
+    assert again.id == m.id and again.attempt == 2
