@@ -22,6 +22,11 @@ class Policy:
     backoff: Backoff = field(default_factory=Backoff)
     # A message deferred for longer than this since it was written goes to 'dead'.
     defer_max_age: timedelta = timedelta(days=1)
+    # While the broker refuses everything (down, or a missing queue or exchange), workers
+    # probe at most this far apart, so delivery resumes within seconds of the fix.
+    outage_backoff: Backoff = field(
+        default_factory=lambda: Backoff(base=timedelta(milliseconds=500), cap=timedelta(seconds=5))
+    )
 
     def decide(
         self, message: OutboxMessage, outcome: BaseException | None, *, broker_failures: int = 1
@@ -30,7 +35,7 @@ class Policy:
             return Decision.published(message)
         if isinstance(outcome, BrokerUnavailable):
             return Decision.broker_unavailable(
-                message, self.backoff.delay(broker_failures).total_seconds(), describe(outcome)
+                message, self.outage_backoff.delay(broker_failures).total_seconds(), describe(outcome)
             )
         if isinstance(outcome, Defer):
             delay = max(outcome.delay.total_seconds(), 0.0)

@@ -94,7 +94,7 @@ class Worker:
             if self._broker_failures:
                 # The broker refused the whole batch; wait out the backoff before claiming
                 # again, so an outage is not turned into a busy loop of claims.
-                await _sleep_or(stop, self.config.policy.backoff.delay(self._broker_failures).total_seconds())
+                await _sleep_or(stop, self.config.policy.outage_backoff.delay(self._broker_failures).total_seconds())
             elif claimed == 0:
                 # Only an empty claim means "nothing to do". A short batch does not: an
                 # ordered claim leases one head per aggregate, and the next heads become

@@ -16,13 +16,15 @@ from relay.migrate import migrate
 from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
-from tests.services import SKIP_PG, postgres_dsn
+from tests.services import SKIP_PG, postgres_dsn, require_services
 
 
 @pytest.fixture(scope="session")
 def pg_dsn() -> Iterator[str]:
     with postgres_dsn() as dsn:
         if dsn is None:
+            if require_services():
+                pytest.fail(SKIP_PG)
             pytest.skip(SKIP_PG)
         yield dsn
 

@@ -18,6 +18,11 @@ SKIP_PG = (
 )
 
 
+def require_services() -> bool:
+    """In CI (``RELAY_TEST_REQUIRE_SERVICES=1``) a missing service fails the run instead of skipping."""
+    return os.environ.get("RELAY_TEST_REQUIRE_SERVICES") == "1"
+
+
 def docker_answers() -> bool:
     if not shutil.which("docker"):
         return False

@@ -1,0 +1,51 @@
+# outbox-relay: `make test` runs the suite, `make demo` runs the relay end to end.
+# Each target creates the virtual environment it needs (.venv) on first use.
+
+VENV    ?= .venv
+PYTHON  ?= python3
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-stamp
+
+# Test services: an explicit RELAY_TEST_* wins; otherwise this machine's local
+# PostgreSQL and RabbitMQ when they answer; otherwise the tests fall back to
+# testcontainers (where a Docker engine answers) or skip with a hint.
+answers = $(shell $(PYTHON) -c "import socket; socket.create_connection(('127.0.0.1', $(1)), 1)" 2>/dev/null && echo yes)
+ifeq ($(origin RELAY_TEST_DSN), undefined)
+  ifeq ($(call answers,5432),yes)
+    export RELAY_TEST_DSN := postgresql://postgres@127.0.0.1:5432/test
+  endif
+endif
+ifeq ($(origin RELAY_TEST_AMQP_URL), undefined)
+  ifeq ($(call answers,5672),yes)
+    export RELAY_TEST_AMQP_URL := amqp://guest:guest@127.0.0.1:5672/
+  endif
+endif
+
+PYTEST_ARGS ?=
+
+.PHONY: venv test test-faults lint format demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# pytest exits 5 when it collected no tests; that is a failure here, never a pass.
+test: venv
+	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+lint: venv
+	$(BIN)/ruff check relay adapters tests scripts
+	$(BIN)/ruff format --check relay adapters tests scripts
+	$(BIN)/mypy
+
+format: venv
+	$(BIN)/ruff check --fix relay adapters tests scripts
+	$(BIN)/ruff format relay adapters tests scripts
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
