@@ -144,9 +144,7 @@ def start_cmd(**cli_values: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: one clear line and exit code 2 for bad input, never a traceback."""
     try:
-        code = cli.main(
-            args=list(argv) if argv is not None else None, prog_name="relay", standalone_mode=False
-        )
+        code = cli.main(args=list(argv) if argv is not None else None, prog_name="relay", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.Abort:

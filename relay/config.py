@@ -130,9 +130,7 @@ START_OPTIONS: tuple[Option, ...] = (
         "Deadline for one batch's publish; must end well inside the lease.",
     ),
     Option("poll_interval", "duration", "1s", "How long an idle worker waits before it looks again."),
-    Option(
-        "max_attempts", "int", 12, "Claims a message gets before it goes to dead.", minimum=1, maximum=1000
-    ),
+    Option("max_attempts", "int", 12, "Claims a message gets before it goes to dead.", minimum=1, maximum=1000),
     Option("backoff_base", "duration", "1s", "First retry waits up to this long (full jitter)."),
     Option("backoff_cap", "duration", "5m", "No retry waits longer than this."),
     Option(

@@ -18,9 +18,7 @@ async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
     """One autocommit connection; failures become DatabaseUnavailable naming host and database."""
     where = describe_dsn(dsn)
     try:
-        return await psycopg.AsyncConnection.connect(
-            dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, **kwargs
-        )
+        return await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, **kwargs)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {_reason(exc)}") from None
     except psycopg.ProgrammingError as exc:  # malformed options inside an otherwise parseable DSN
@@ -54,9 +52,7 @@ async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
 
 async def check_schema(conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> None:
     """Fail with a clear line when the outbox has not been migrated."""
-    cur = await conn.execute(
-        "SELECT to_regclass(%s) IS NOT NULL", (f'"{names.schema}"."{names.table}_migrations"',)
-    )
+    cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{names.schema}"."{names.table}_migrations"',))
     row = await cur.fetchone()
     if not row or not row[0]:
         raise ConfigError(f"outbox {names.qualified} is not set up: run `relay migrate` first")

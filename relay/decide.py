@@ -28,9 +28,7 @@ class Policy:
         default_factory=lambda: Backoff(base=timedelta(milliseconds=500), cap=timedelta(seconds=5))
     )
 
-    def decide(
-        self, message: OutboxMessage, outcome: BaseException | None, *, broker_failures: int = 1
-    ) -> Decision:
+    def decide(self, message: OutboxMessage, outcome: BaseException | None, *, broker_failures: int = 1) -> Decision:
         if outcome is None:
             return Decision.published(message)
         if isinstance(outcome, BrokerUnavailable):
@@ -50,9 +48,7 @@ class Policy:
                 return Decision.dead(
                     message, f"retries exhausted after {message.attempt} attempts: {describe(outcome)}"
                 )
-            return Decision.retry(
-                message, self.backoff.delay(message.attempt).total_seconds(), describe(outcome)
-            )
+            return Decision.retry(message, self.backoff.delay(message.attempt).total_seconds(), describe(outcome))
         if isinstance(outcome, PermanentError):
             return Decision.dead(message, describe(outcome))
         # Nobody classified this: it is a bug in an adapter, not a transient fault, so it is

@@ -3,7 +3,8 @@
 Rules, from strongest to weakest:
 
 1. an exact name in ``ordered`` or ``unordered``;
-2. a glob pattern (``*``, ``?``, ``[...]``) in ``ordered`` or ``unordered``; when a
+2. a glob pattern (``*`` for any run of characters, ``?`` for one; every other character,
+   ``[`` included, stands for itself) in ``ordered`` or ``unordered``; when a
    type matches patterns of both lists, ``ordered`` wins, because silently giving up
    order is the worse mistake;
 3. ``default``.
@@ -18,7 +19,6 @@ notification never blocks the order's events).
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +26,7 @@ from typing import Any
 
 from relay.errors import ConfigError
 
-_GLOB_CHARS = set("*?[")
+_GLOB_CHARS = set("*?")
 DEFAULTS = ("ordered", "unordered")
 
 
@@ -46,9 +46,7 @@ class OrderingMap:
     def __post_init__(self) -> None:
         for entry in (*self.ordered, *self.unordered):
             if not isinstance(entry, str) or not entry.strip():
-                raise ConfigError(
-                    f"invalid ordering entry {entry!r}: expected a non-empty event type or glob"
-                )
+                raise ConfigError(f"invalid ordering entry {entry!r}: expected a non-empty event type or glob")
         both = {e for e in self.ordered if not _is_glob(e)} & {e for e in self.unordered if not _is_glob(e)}
         if both:
             raise ConfigError(f"event type {sorted(both)[0]!r} is listed as both ordered and unordered")
@@ -79,9 +77,9 @@ class OrderingMap:
             return True
         if event_type in self.exact_unordered:
             return False
-        if any(fnmatch.fnmatchcase(event_type, p) for p in self.ordered if _is_glob(p)):
+        if any(re.fullmatch(p, event_type, re.DOTALL) for p in self.regex_ordered):
             return True
-        if any(fnmatch.fnmatchcase(event_type, p) for p in self.unordered if _is_glob(p)):
+        if any(re.fullmatch(p, event_type, re.DOTALL) for p in self.regex_unordered):
             return False
         return self.default_ordered
 
@@ -134,30 +132,10 @@ def _entries(value: Any, name: str) -> tuple[str, ...]:
 
 
 def _to_regex(glob: str) -> str:
-    """A glob as a POSIX regex PostgreSQL's ``~`` understands (anchored, case-sensitive).
+    """A glob as an anchored regex that Python's ``re`` and PostgreSQL's ``~`` read alike.
 
-    ``fnmatch.translate`` emits Python-only syntax (``(?s:...)\\Z``), so translate by hand.
+    Only ``*`` and ``?`` are special; everything else is escaped. ``re.escape`` puts a
+    backslash only before non-alphanumeric characters, which both engines take literally.
     """
-    out = ["^"]
-    i = 0
-    while i < len(glob):
-        c = glob[i]
-        if c == "*":
-            out.append(".*")
-        elif c == "?":
-            out.append(".")
-        elif c == "[":
-            j = glob.find("]", i + 2)
-            if j == -1:
-                out.append(r"\[")
-            else:
-                body = glob[i + 1 : j]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", r"\\") + "]")
-                i = j
-        else:
-            out.append(re.escape(c))
-        i += 1
-    out.append("$")
-    return "".join(out)
+    body = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
+    return f"^{body}$"

@@ -60,9 +60,7 @@ async def run_relay(
                 settings.names.qualified,
                 settings.ordering.describe(),
             )
-            await _supervise(
-                [asyncio.create_task(w.run(stop)) for w in workers], stop, settings.shutdown_grace
-            )
+            await _supervise([asyncio.create_task(w.run(stop)) for w in workers], stop, settings.shutdown_grace)
             return RunResult(stats=[w.stats for w in workers])
         finally:
             await publisher.close()

@@ -33,9 +33,7 @@ class WorkerConfig:
     poll_interval: timedelta = timedelta(seconds=1)
     policy: Policy = field(default_factory=Policy)
     # Backoff for the worker itself after a database error, before it claims again.
-    db_backoff: Backoff = field(
-        default_factory=lambda: Backoff(timedelta(milliseconds=200), timedelta(seconds=10))
-    )
+    db_backoff: Backoff = field(default_factory=lambda: Backoff(timedelta(milliseconds=200), timedelta(seconds=10)))
 
 
 @dataclass
@@ -175,9 +173,7 @@ class Worker:
             return [exc] * len(messages)
         if len(outcomes) != len(messages):
             name = self.publisher.name
-            bug = RuntimeError(
-                f"publisher {name!r} returned {len(outcomes)} outcomes for {len(messages)} messages"
-            )
+            bug = RuntimeError(f"publisher {name!r} returned {len(outcomes)} outcomes for {len(messages)} messages")
             return [bug] * len(messages)
         return outcomes
 

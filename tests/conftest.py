@@ -51,9 +51,7 @@ async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
 
 
 @pytest.fixture
-def make_store(
-    pool: AsyncConnectionPool[Any], names: OutboxNames
-) -> Callable[..., OutboxStore]:
+def make_store(pool: AsyncConnectionPool[Any], names: OutboxNames) -> Callable[..., OutboxStore]:
     def make(ordering: OrderingMap | None = None) -> OutboxStore:
         return OutboxStore(pool, names, ordering or OrderingMap())
 
@@ -112,13 +110,11 @@ class Db:
     def expire_leases(self) -> None:
         """Move every lease into the past: what waiting out the lease would do, without the wait."""
         self.conn.execute(
-            sql.SQL(
-                "UPDATE {} SET lease_until = now() - interval '1 second' WHERE status = 'processing'"
-            ).format(self.table)
+            sql.SQL("UPDATE {} SET lease_until = now() - interval '1 second' WHERE status = 'processing'").format(
+                self.table
+            )
         )
 
     def make_available(self) -> None:
         """Pull every backoff forward so rescheduled rows are ready now."""
-        self.conn.execute(
-            sql.SQL("UPDATE {} SET available_at = now() WHERE status = 'pending'").format(self.table)
-        )
+        self.conn.execute(sql.SQL("UPDATE {} SET available_at = now() WHERE status = 'pending'").format(self.table))

@@ -21,15 +21,14 @@ async def claim(store: OutboxStore, owner: str, batch: int = 10, lease: timedelt
     return result.messages
 
 
-async def test_four_workers_claiming_seven_at_a_time_get_each_row_once(
-    pg_dsn: str, db: Db, names: Any
-) -> None:
+async def test_four_workers_claiming_seven_at_a_time_get_each_row_once(pg_dsn: str, db: Db, names: Any) -> None:
     from psycopg_pool import AsyncConnectionPool
 
     db.insert((f"agg-{i}", "Ping", {"i": i}) for i in range(200))
     # Each worker gets its own pool so the four claims really run on four connections at once.
-    pools = [AsyncConnectionPool(pg_dsn, min_size=1, max_size=1, open=False, kwargs={"autocommit": True})
-             for _ in range(4)]
+    pools = [
+        AsyncConnectionPool(pg_dsn, min_size=1, max_size=1, open=False, kwargs={"autocommit": True}) for _ in range(4)
+    ]
     for p in pools:
         await p.open(wait=True)
     stores = [OutboxStore(p, names, OrderingMap(default_ordered=False)) for p in pools]
@@ -97,9 +96,7 @@ async def test_expired_lease_without_takeover_still_finalizes(store: OutboxStore
     assert db.row(oid)["status"] == "done"
 
 
-async def test_row_crashed_max_attempts_times_goes_dead_and_is_never_claimed_again(
-    store: OutboxStore, db: Db
-) -> None:
+async def test_row_crashed_max_attempts_times_goes_dead_and_is_never_claimed_again(store: OutboxStore, db: Db) -> None:
     [oid] = db.insert([("a", "Poison", {})])
     for attempt in range(1, 4):
         [m] = await claim(store, f"W{attempt}", max_attempts=3)

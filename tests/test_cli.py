@@ -1,0 +1,170 @@
+"""The `relay` command line, run as a real process against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from relay.sqlfiles import migrations
+from tests.cli_proc import relay_env, run_relay, start_relay
+from tests.conftest import Db
+
+
+@pytest.fixture
+def fresh_schema(pg_dsn: str) -> Iterator[str]:
+    schema = f"cli_{uuid.uuid4().hex[:10]}"
+    yield schema
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def assert_one_line_error(proc, *needles: str) -> str:  # type: ignore[no-untyped-def]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    err = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("relay: ")
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def test_migrate_is_idempotent_and_records_what_it_applied(pg_dsn: str, fresh_schema: str) -> None:
+    first = run_relay("migrate", "--dsn", pg_dsn, "--schema", fresh_schema)
+    assert first.returncode == 0, first.stderr
+    assert f"{fresh_schema}.outbox: applied 0001_outbox" in first.stdout
+    second = run_relay("migrate", "--dsn", pg_dsn, "--schema", fresh_schema)
+    assert second.returncode == 0, second.stderr
+    assert "up to date" in second.stdout
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT version, name FROM {}").format(sql.Identifier(fresh_schema, "outbox_migrations"))
+        ).fetchall()
+    assert rows == [(v, n) for v, n, _ in migrations()]
+
+
+def test_concurrent_migrations_apply_once(pg_dsn: str, fresh_schema: str) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: run_relay("migrate", "--dsn", pg_dsn, "--schema", fresh_schema), range(4)))
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    assert sum("applied 0001_outbox" in r.stdout for r in results) == 1
+    with psycopg.connect(pg_dsn) as conn:
+        [(count,)] = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(fresh_schema, "outbox_migrations"))
+        ).fetchall()
+    assert count == len(migrations())
+
+
+def test_start_drains_the_outbox_with_several_workers_and_stops_on_sigterm(pg_dsn: str, db: Db, tmp_path: Path) -> None:
+    ids = db.insert((f"order-{i % 20}", "OrderPlaced" if i % 3 else "EmailQueued", {"i": i}) for i in range(300))
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'schema = "{db.names.schema}"\nworkers = 3\nbatch_size = 25\npoll_interval = "100ms"\n'
+        '[ordering]\ndefault = "unordered"\nordered = ["Order*"]\n'
+    )
+    proc = start_relay("--config", str(config), "--broker", "log", env=relay_env(RELAY_DSN=pg_dsn))
+    try:
+        deadline = time.monotonic() + 30
+        while db.statuses().get("done", 0) < 300 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert db.statuses() == {"done": 300}
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert sorted(line["outbox_id"] for line in lines) == ids  # each exactly once
+    assert {line["lease_version"] for line in lines} == {1}
+    by_order: dict[str, list[int]] = {}
+    for line in lines:
+        if line["event_type"] == "OrderPlaced":
+            by_order.setdefault(line["aggregate_id"], []).append(line["outbox_id"])
+    assert all(seq == sorted(seq) for seq in by_order.values())
+    owners = {r["lease_owner"] for r in db.rows()}
+    assert owners == {None}
+    assert "relay started: 3 workers, broker log" in err
+    assert "stopping" in err
+
+
+def test_start_refuses_an_outbox_that_was_never_migrated(pg_dsn: str) -> None:
+    proc = run_relay("start", "--dsn", pg_dsn, "--schema", "never_migrated_here", "--broker", "log")
+    assert_one_line_error(proc, "never_migrated_here.outbox is not set up", "relay migrate")
+
+
+def test_unreachable_database_is_named_and_the_password_masked() -> None:
+    dsn = "postgresql://alice:s3cretpw@127.0.0.1:1/orders"
+    for command in (["migrate"], ["start", "--broker", "log"]):
+        proc = run_relay(*command, "--dsn", dsn)
+        assert_one_line_error(proc, "cannot connect to PostgreSQL at host 127.0.0.1:1 database 'orders'")
+        assert "s3cretpw" not in proc.stderr + proc.stdout
+
+
+def test_password_in_keyword_dsn_never_printed() -> None:
+    proc = run_relay("migrate", "--dsn", "host=127.0.0.1 port=1 dbname=x user=bob password=hunter22")
+    assert_one_line_error(proc, "host 127.0.0.1:1")
+    assert "hunter22" not in proc.stderr
+
+
+def test_malformed_dsn() -> None:
+    proc = run_relay("migrate", "--dsn", "this is = not 'a dsn")
+    err = assert_one_line_error(proc, "invalid --dsn")
+    assert "not 'a dsn" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "contents", "needles"),
+    [
+        (["--config", "/nonexistent/relay.toml"], None, ["config file not found: /nonexistent/relay.toml"]),
+        (["--config", "{cfg}"], "workers = [", ["malformed config file"]),
+        (["--config", "{cfg}"], "wokers = 3\n", ["unknown key 'wokers'"]),
+        (["--config", "{cfg}"], "[ordering]\nordred = []\n", ["unknown key 'ordred' in [ordering]"]),
+        (["--lease", "5 fortnights"], None, ["invalid --lease", "5 fortnights"]),
+        (["--lease", "10s", "--publish-timeout", "20s"], None, ["must be shorter than --lease"]),
+        (["--workers", "-1"], None, ["invalid --workers"]),
+        (["--table", "Robert'); DROP TABLE students;--"], None, ["invalid table name"]),
+        ([], None, ["no broker chosen"]),
+        (["--broker", "kafka"], None, ["invalid --broker: 'kafka'"]),
+        (["--no-such-flag"], None, ["No such option '--no-such-flag'"]),
+    ],
+)
+def test_bad_input_gets_one_line_and_exit_code_2(
+    tmp_path: Path, args: list[str], contents: str | None, needles: list[str]
+) -> None:
+    cfg = tmp_path / "relay.toml"
+    if contents is not None:
+        cfg.write_text(contents)
+    args = [a.replace("{cfg}", str(cfg)) for a in args]
+    if "--broker" not in args and "no broker chosen" not in needles:
+        args += ["--broker", "log"]
+    proc = run_relay("start", "--dsn", "postgresql://127.0.0.1:1/x", *args)
+    assert_one_line_error(proc, *needles)
+
+
+def test_no_dsn_anywhere() -> None:
+    assert_one_line_error(run_relay("migrate"), "no database given")
+
+
+def test_env_and_config_feed_the_same_options(pg_dsn: str, fresh_schema: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "relay.toml"
+    cfg.write_text(f'dsn = "{pg_dsn}"\nschema = "{fresh_schema}"\n')
+    assert run_relay("migrate", env=relay_env(RELAY_CONFIG=str(cfg))).returncode == 0
+    # The environment beats the file: RELAY_SCHEMA names a schema the file does not.
+    other = fresh_schema + "_env"
+    try:
+        proc = run_relay("migrate", "--config", str(cfg), env=relay_env(RELAY_SCHEMA=other))
+        assert f"{other}.outbox: applied" in proc.stdout, proc.stderr
+        # ...and the command line beats the environment.
+        proc = run_relay("migrate", "--config", str(cfg), "--schema", fresh_schema, env=relay_env(RELAY_SCHEMA=other))
+        assert f"{fresh_schema}.outbox: up to date" in proc.stdout
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(other)))

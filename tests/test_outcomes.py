@@ -1,0 +1,177 @@
+"""Each failure class, end to end through a worker, the in-memory publisher and a real table."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from adapters.memory import STALL, InMemoryPublisher
+from relay import BrokerUnavailable, Defer, PermanentError, RetryableError
+from relay.backoff import Backoff
+from relay.store import OutboxStore
+from tests.conftest import Db
+from tests.helpers import make_worker
+
+
+def delay_of(db: Db, oid: int) -> float:
+    """How far in the future the row's available_at is, by the database clock."""
+    cur = db.conn.execute(
+        f"SELECT extract(epoch FROM available_at - now())::float8 FROM {db.names.schema}.outbox WHERE id = %s",
+        (oid,),
+    )
+    row = cur.fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+async def test_success_marks_done(store: OutboxStore, db: Db) -> None:
+    ids = db.insert([("a", "Ping", {"n": 1}), ("b", "Ping", {"n": 2})])
+    worker, pub = make_worker(store)
+    assert await worker.run_once() == 2
+    assert pub.delivered_ids() == ids
+    assert [r["status"] for r in db.rows()] == ["done", "done"]
+    assert all(r["done_at"] is not None and r["lease_owner"] is None for r in db.rows())
+    assert worker.stats.published == 2
+
+
+async def test_defer_refunds_the_attempt_and_waits(store: OutboxStore, db: Db) -> None:
+    [oid] = db.insert([("a", "Ping", {})])
+    worker, _ = make_worker(store, lambda m: Defer(timedelta(seconds=30), "stock not reserved yet"))
+    for _ in range(5):  # five defers in a row must not exhaust max_attempts=3
+        await worker.run_once()
+        row = db.row(oid)
+        assert row["status"] == "pending"
+        assert row["attempts"] == 0
+        assert 25 < delay_of(db, oid) <= 30
+        assert row["last_error"] == "deferred: stock not reserved yet"
+        db.make_available()
+    assert db.row(oid)["lease_version"] == 5
+    assert worker.stats.deferred == 5
+
+
+async def test_defer_past_the_age_ceiling_goes_dead(store: OutboxStore, db: Db) -> None:
+    [oid] = db.insert([("a", "Ping", {})])
+    worker, _ = make_worker(
+        store, lambda m: Defer(timedelta(minutes=10), "waiting"), defer_max_age=timedelta(minutes=5)
+    )
+    await worker.run_once()
+    row = db.row(oid)
+    assert row["status"] == "dead"
+    assert "defer_max_age" in row["last_error"]
+
+
+async def test_retryable_backs_off_within_full_jitter_bounds_then_dies(store: OutboxStore, db: Db) -> None:
+    [oid] = db.insert([("a", "Ping", {})])
+    backoff = Backoff(base=timedelta(seconds=10), cap=timedelta(seconds=25))
+    worker, pub = make_worker(store, lambda m: RetryableError("503 from broker"), max_attempts=4, backoff=backoff)
+    for attempt, ceiling in ((1, 10.0), (2, 20.0), (3, 25.0)):  # base * 2**(n-1), capped
+        await worker.run_once()
+        row = db.row(oid)
+        assert row["status"] == "pending"
+        assert row["attempts"] == attempt
+        assert 0 <= delay_of(db, oid) <= ceiling + 0.5
+        assert row["last_error"] == "RetryableError: 503 from broker"
+        db.make_available()
+    await worker.run_once()
+    row = db.row(oid)
+    assert row["status"] == "dead" and row["attempts"] == 4
+    assert row["last_error"].startswith("retries exhausted after 4 attempts")
+    assert len(pub.attempts) == 4
+
+
+def test_full_jitter_draws_cover_the_whole_range() -> None:
+    backoff = Backoff(base=timedelta(seconds=1), cap=timedelta(seconds=300))
+    draws = [backoff.delay(4).total_seconds() for _ in range(2000)]
+    assert min(draws) >= 0 and max(draws) <= 8
+    assert min(draws) < 0.5 and max(draws) > 7.5  # uniform over [0, 8], not clustered at the cap
+    assert backoff.ceiling(30) == 300
+    assert backoff.ceiling(10_000) == 300  # no overflow for absurd attempt counts
+
+
+async def test_permanent_goes_dead_at_once(store: OutboxStore, db: Db) -> None:
+    [oid] = db.insert([("a", "Ping", {})])
+    worker, _ = make_worker(store, lambda m: PermanentError("message too large"), max_attempts=10)
+    await worker.run_once()
+    row = db.row(oid)
+    assert (row["status"], row["attempts"]) == ("dead", 1)
+    assert row["last_error"] == "PermanentError: message too large"
+    assert row["lease_until"] is None
+
+
+async def test_unclassified_error_is_not_retried_as_transient(
+    store: OutboxStore, db: Db, caplog: pytest.LogCaptureFixture
+) -> None:
+    [oid] = db.insert([("a", "Ping", {})])
+    worker, _ = make_worker(store, lambda m: KeyError("boom"), max_attempts=10)
+    await worker.run_once()
+    row = db.row(oid)
+    assert row["status"] == "dead"
+    assert row["attempts"] == 1
+    assert "unclassified publisher error" in row["last_error"]
+    assert any("unclassified" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+async def test_publisher_raising_for_the_whole_batch_applies_to_every_message(store: OutboxStore, db: Db) -> None:
+    db.insert([("a", "Ping", {}), ("b", "Ping", {})])
+
+    class Raising(InMemoryPublisher):
+        async def publish(self, batch):  # type: ignore[no-untyped-def]
+            raise RetryableError("connection reset")
+
+    worker, _ = make_worker(store, publisher=Raising())
+    await worker.run_once()
+    assert [(r["status"], r["attempts"]) for r in db.rows()] == [("pending", 1), ("pending", 1)]
+
+
+async def test_publish_timeout_is_retryable(store: OutboxStore, db: Db) -> None:
+    [oid] = db.insert([("a", "Ping", {})])
+    worker, _ = make_worker(store, lambda m: STALL, publish_timeout=timedelta(milliseconds=100))
+    await worker.run_once()
+    row = db.row(oid)
+    assert row["status"] == "pending" and row["attempts"] == 1
+    assert row["last_error"] == "RetryableError: publish timed out after 0.1s"
+
+
+async def test_broker_unavailable_spends_no_attempt_and_sends_nothing_dead(store: OutboxStore, db: Db) -> None:
+    [oid] = db.insert([("a", "Ping", {})])
+    worker, _ = make_worker(store, lambda m: BrokerUnavailable("queue q does not exist"), max_attempts=2)
+    for _ in range(6):
+        await worker.run_once()
+        db.make_available()
+    row = db.row(oid)
+    assert row["status"] == "pending" and row["attempts"] == 0
+    assert "queue q does not exist" in row["last_error"]
+
+
+async def test_outcomes_are_per_message_within_a_batch(store: OutboxStore, db: Db) -> None:
+    ids = db.insert([("a", "Ping", {"k": "ok"}), ("b", "Ping", {"k": "retry"}), ("c", "Ping", {"k": "perm"})])
+    outcomes = {"ok": None, "retry": RetryableError("later"), "perm": PermanentError("never")}
+    worker, pub = make_worker(store, lambda m: outcomes[m.payload()["k"]])
+    await worker.run_once()
+    assert [r["status"] for r in db.rows()] == ["done", "pending", "dead"]
+    assert pub.delivered_ids() == [ids[0]]
+
+
+async def test_lost_lease_is_logged_and_never_overwrites(
+    store: OutboxStore, db: Db, caplog: pytest.LogCaptureFixture
+) -> None:
+    [oid] = db.insert([("a", "Ping", {})])
+
+    def steal(message):  # type: ignore[no-untyped-def]
+        # While "publishing", the lease is lost and another worker claims the row.
+        db.expire_leases()
+        db.conn.execute(
+            f"UPDATE {db.names.schema}.outbox SET lease_version = lease_version + 1,"
+            " lease_owner = 'thief', lease_until = now() + interval '1 minute' WHERE id = %s",
+            (message.id,),
+        )
+        return None
+
+    worker, _ = make_worker(store, steal)
+    await worker.run_once()
+    row = db.row(oid)
+    assert (row["status"], row["lease_owner"], row["lease_version"]) == ("processing", "thief", 2)
+    assert worker.stats.lost_leases == 1
+    [warning] = [r for r in caplog.records if "lost lease" in r.getMessage()]
+    assert warning.outbox_id == oid and warning.lease_version == 1  # type: ignore[attr-defined]
