@@ -22,8 +22,11 @@ ifeq ($(origin RELAY_TEST_AMQP_URL), undefined)
 endif
 
 PYTEST_ARGS ?=
+# The database `make run` uses: this machine's local PostgreSQL unless told otherwise.
+RUN_DSN ?= postgresql://postgres@127.0.0.1:5432/test
+RUN_BROKER ?= log
 
-.PHONY: venv test test-faults lint format demo bench clean
+.PHONY: venv run test test-faults lint format demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +35,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# Migrate the outbox in RUN_DSN and deliver it to RUN_BROKER until Ctrl-C.
+run: venv
+	$(BIN)/relay migrate --dsn '$(RUN_DSN)'
+	$(BIN)/relay start --dsn '$(RUN_DSN)' --broker $(RUN_BROKER)
 
 # pytest exits 5 when it collected no tests; that is a failure here, never a pass.
 test: venv
