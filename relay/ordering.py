@@ -66,6 +66,15 @@ class OrderingMap:
             unordered=_entries(section.get("unordered", ()), "ordering.unordered"),
         )
 
+    @classmethod
+    def from_sql_params(cls, params: Mapping[str, Any]) -> OrderingMap:
+        """The inverse of :meth:`sql_params`, for a map read back from the database."""
+        return cls(
+            default_ordered=bool(params["ord_default"]),
+            ordered=(*params["ord_names"], *(_from_regex(p) for p in params["ord_patterns"])),
+            unordered=(*params["unord_names"], *(_from_regex(p) for p in params["unord_patterns"])),
+        )
+
     def is_ordered(self, event_type: str) -> bool:
         cached = self._cache.get(event_type)
         if cached is None:
@@ -99,15 +108,6 @@ class OrderingMap:
     def regex_unordered(self) -> list[str]:
         return [_to_regex(e) for e in self.unordered if _is_glob(e)]
 
-    @property
-    def may_have_ordered(self) -> bool:
-        """False when no event type can be ordered, so the ordered claim can be skipped."""
-        return self.default_ordered or bool(self.ordered)
-
-    @property
-    def may_have_unordered(self) -> bool:
-        return not self.default_ordered or bool(self.unordered)
-
     def sql_params(self) -> dict[str, Any]:
         """Parameters for the database-side twin of :meth:`is_ordered` (``is_ordered`` in SQL)."""
         return {
@@ -139,3 +139,23 @@ def _to_regex(glob: str) -> str:
     """
     body = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
     return f"^{body}$"
+
+
+def _from_regex(regex: str) -> str:
+    """The glob :func:`_to_regex` made ``regex`` from."""
+    body = regex[1:-1]
+    out, i = [], 0
+    while i < len(body):
+        if body.startswith(".*", i):
+            out.append("*")
+            i += 2
+        elif body[i] == ".":
+            out.append("?")
+            i += 1
+        elif body[i] == "\\":
+            out.append(body[i + 1])
+            i += 2
+        else:
+            out.append(body[i])
+            i += 1
+    return "".join(out)

@@ -46,6 +46,13 @@ async def run_relay(
         async with pool.connection() as conn:
             await check_schema(conn, settings.names)
         store = OutboxStore(pool, settings.names, settings.ordering)
+        replaced = await store.store_settings()
+        if replaced is not None:
+            log.warning(
+                "ordering map changed from %s to %s; rows inserted from now on are routed by the new map",
+                replaced.describe(),
+                settings.ordering.describe(),
+            )
         await publisher.start()
         try:
             prefix = owner_prefix()

@@ -23,13 +23,14 @@ from relay.sqlnames import OutboxNames
 
 @dataclass(frozen=True)
 class Reaped:
-    """A row the claim sent to 'dead' because its lease expired on its last attempt."""
+    """A row whose lease expired: back to 'pending', or to 'dead' if that was its last attempt."""
 
     id: int
     aggregate_id: str
     event_type: str
     lease_version: int
     attempts: int
+    status: str
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,26 @@ class OutboxStore:
         self.pool = pool
         self.names = names
         self.ordering = ordering
-        self._ordering_params = ordering.sql_params()
         # Render every statement once: identifiers are fixed for the life of the store.
         self._sql = {name: names.render(text) for name, text in named_queries().items()}
+
+    async def store_settings(self, *, notify: bool = True) -> OrderingMap | None:
+        """Write this relay's ordering map to the database, which routes each row by it
+        when the row is inserted. Returns the map it replaced when that was different."""
+        params = {**self.ordering.sql_params(), "notify": notify}
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql["store_settings"], params)
+            row = await cur.fetchone()
+        if row is None:
+            raise RuntimeError(f"{self.names.qualified}_settings has no row: run `relay migrate`")
+        previous = {
+            k: row[i]
+            for i, k in enumerate(("ord_default", "ord_names", "unord_names", "ord_patterns", "unord_patterns"))
+        }
+        mine = self.ordering.sql_params()
+        if all(previous[k] == mine[k] for k in previous):
+            return None
+        return OrderingMap.from_sql_params(previous)
 
     def query(self, name: str) -> psycopg.sql.Composed:
         return self._sql[name]
@@ -63,26 +81,16 @@ class OutboxStore:
     ) -> Claim:
         """Lease up to ``batch`` rows in one short transaction.
 
-        First reaps expired leases whose attempts are spent, then runs the ordered and the
+        First offers newly committed ordered rows to the heads table and returns expired
+        leases (to 'pending', or 'dead' on the last attempt); then runs the ordered and the
         unordered claim for the rest of the batch. ``ordered_first`` says which strategy
         gets the first pick; workers alternate it so neither starves the other.
         """
-        params: dict[str, Any] = {
-            "owner": owner,
-            "lease": lease,
-            "max_attempts": max_attempts,
-            **self._ordering_params,
-        }
-        strategies = []
-        if self.ordering.may_have_ordered:
-            strategies.append("claim_ordered")
-        if self.ordering.may_have_unordered:
-            strategies.append("claim_unordered")
-        if not ordered_first:
-            strategies.reverse()
-
+        params: dict[str, Any] = {"owner": owner, "lease": lease, "max_attempts": max_attempts}
+        strategies = ["claim_ordered", "claim_unordered"] if ordered_first else ["claim_unordered", "claim_ordered"]
         messages: list[OutboxMessage] = []
         async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(self._sql["ingest"])
             cur = await conn.execute(self._sql["reap_expired"], params)
             reaped = [Reaped(*row) for row in await cur.fetchall()]
             for name in strategies:

@@ -124,6 +124,17 @@ class Worker:
         )
         self._ordered_first = not self._ordered_first
         for row in claim.reaped:
+            if row.status != "dead":
+                log.info(
+                    "lease expired; message returned to pending",
+                    extra={
+                        "outbox_id": row.id,
+                        "aggregate_id": row.aggregate_id,
+                        "event_type": row.event_type,
+                        "lease_version": row.lease_version,
+                    },
+                )
+                continue
             self.stats.reaped += 1
             log.warning(
                 "lease expired on the last attempt; message sent to dead",

@@ -7,26 +7,65 @@
 -- cannot distort lease decisions.
 
 -- reap_expired --
--- Send rows whose lease expired with every attempt spent to 'dead' (a poison message that kills its worker must stop).
-UPDATE {outbox}
-   SET status      = 'dead',
-       last_error  = 'lease expired after ' || attempts || ' attempts (did the worker crash while publishing?)',
+-- Return rows whose lease expired to 'pending' (a crashed worker's), or to 'dead' once every attempt is spent (a poison message that kills its worker must stop).
+WITH expired AS (
+    SELECT id
+      FROM {outbox}
+     WHERE status = 'processing'
+       AND lease_until < now()
+     ORDER BY lease_until
+     LIMIT 1000
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {outbox} AS o
+   SET status      = CASE WHEN o.attempts >= %(max_attempts)s THEN 'dead' ELSE 'pending' END,
+       last_error  = CASE WHEN o.attempts >= %(max_attempts)s
+                          THEN 'lease expired after ' || o.attempts || ' attempts (did the worker crash while publishing?)'
+                          ELSE o.last_error END,
        lease_owner = NULL,
        lease_until = NULL
- WHERE status = 'processing'
-   AND lease_until < now()
-   AND attempts >= %(max_attempts)s
-RETURNING id, aggregate_id, event_type, lease_version, attempts;
+  FROM expired
+ WHERE o.id = expired.id
+RETURNING o.id, o.aggregate_id, o.event_type, o.lease_version, o.attempts, o.status;
+
+-- ingest --
+-- Offer new ordered rows to the heads table, once every transaction that could still commit an earlier row has ended; one relay at a time.
+WITH cursor AS (
+    SELECT ingested_xid FROM {q_cursor} FOR UPDATE SKIP LOCKED
+), horizon AS (
+    SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xid
+), fresh AS (
+    SELECT DISTINCT ON (o.aggregate_id) o.aggregate_id, o.id, o.xid, o.available_at
+      FROM {outbox} AS o, cursor, horizon
+     WHERE o.status = 'pending'
+       AND o.ordered
+       AND o.xid >= cursor.ingested_xid
+       AND o.xid < horizon.xid
+     ORDER BY o.aggregate_id, o.xid, o.id
+), offered AS (
+    -- In aggregate order, like the heads trigger, so the two never deadlock.
+    INSERT INTO {q_heads} AS h (aggregate_id, head_id, head_xid, ready_at)
+    SELECT aggregate_id, id, xid, available_at FROM fresh ORDER BY aggregate_id
+    ON CONFLICT (aggregate_id) DO UPDATE
+       SET head_id  = excluded.head_id,
+           head_xid = excluded.head_xid,
+           ready_at = excluded.ready_at
+     WHERE h.head_id IS NULL
+    RETURNING 1
+)
+UPDATE {q_cursor} AS c
+   SET ingested_xid = greatest(c.ingested_xid, horizon.xid)
+  FROM horizon, cursor
+RETURNING (SELECT count(*) FROM offered);
 
 -- claim_unordered --
 -- Lease a batch of ready rows of unordered event types (plain SKIP LOCKED).
 WITH picked AS (
     SELECT o.id
       FROM {outbox} AS o
-     WHERE ((o.status = 'pending' AND o.available_at <= now())
-         OR (o.status = 'processing' AND o.lease_until < now() AND o.attempts < %(max_attempts)s))
-       AND NOT {q_is_ordered}(o.event_type, %(ord_names)s, %(unord_names)s,
-                              %(ord_patterns)s, %(unord_patterns)s, %(ord_default)s)
+     WHERE o.status = 'pending'
+       AND NOT o.ordered
+       AND o.available_at <= now()
      ORDER BY o.available_at, o.id
      LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED
@@ -44,25 +83,19 @@ RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text 
           false AS ordered;
 
 -- claim_ordered --
--- Lease ready heads of aggregates for ordered event types: no earlier ordered row of the aggregate may be pending, processing or dead.
+-- Lease ready heads of aggregates: the earliest unfinished ordered row of each, never a row behind a pending, processing or dead one.
 WITH picked AS (
-    SELECT o.id
-      FROM {outbox} AS o
-     WHERE ((o.status = 'pending' AND o.available_at <= now())
-         OR (o.status = 'processing' AND o.lease_until < now() AND o.attempts < %(max_attempts)s))
-       AND {q_is_ordered}(o.event_type, %(ord_names)s, %(unord_names)s,
-                          %(ord_patterns)s, %(unord_patterns)s, %(ord_default)s)
-       AND NOT EXISTS (
-            SELECT 1
-              FROM {outbox} AS prev
-             WHERE prev.aggregate_id = o.aggregate_id
-               AND prev.id < o.id
-               AND prev.status IN ('pending', 'processing', 'dead')
-               AND {q_is_ordered}(prev.event_type, %(ord_names)s, %(unord_names)s,
-                                  %(ord_patterns)s, %(unord_patterns)s, %(ord_default)s))
-     ORDER BY o.id
+    SELECT h.aggregate_id, h.head_id
+      FROM {q_heads} AS h
+     WHERE h.ready_at <= now()
+     ORDER BY h.ready_at
      LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED
+), held AS (
+    UPDATE {q_heads} AS h
+       SET ready_at = NULL
+      FROM picked
+     WHERE h.aggregate_id = picked.aggregate_id
 )
 UPDATE {outbox} AS o
    SET status        = 'processing',
@@ -71,10 +104,28 @@ UPDATE {outbox} AS o
        lease_version = o.lease_version + 1,
        attempts      = o.attempts + 1
   FROM picked
- WHERE o.id = picked.id
+ WHERE o.id = picked.head_id
+   AND o.status = 'pending'
 RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,
           o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
           true AS ordered;
+
+-- store_settings --
+-- Store this relay's ordering map and wake-up setting (rows are routed by it when inserted); returns the previous values.
+WITH previous AS (
+    SELECT ord_default, ord_names, unord_names, ord_patterns, unord_patterns, notify FROM {q_settings}
+)
+UPDATE {q_settings}
+   SET ord_default    = %(ord_default)s,
+       ord_names      = %(ord_names)s,
+       unord_names    = %(unord_names)s,
+       ord_patterns   = %(ord_patterns)s,
+       unord_patterns = %(unord_patterns)s,
+       notify         = %(notify)s,
+       updated_at     = now()
+  FROM previous
+RETURNING previous.ord_default, previous.ord_names, previous.unord_names, previous.ord_patterns,
+          previous.unord_patterns, previous.notify;
 
 -- finalize --
 -- Write a batch of outcomes in one statement, each row fenced by status = 'processing' and its lease_version; returns the ids written.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import psycopg
@@ -51,16 +51,21 @@ async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
 
 
 @pytest.fixture
-def make_store(pool: AsyncConnectionPool[Any], names: OutboxNames) -> Callable[..., OutboxStore]:
-    def make(ordering: OrderingMap | None = None) -> OutboxStore:
-        return OutboxStore(pool, names, ordering or OrderingMap())
+def make_store(pool: AsyncConnectionPool[Any], names: OutboxNames) -> Callable[..., Awaitable[OutboxStore]]:
+    """A store whose ordering map is stored in the database, as `relay start` does, so rows
+    inserted afterwards are routed by it."""
+
+    async def make(ordering: OrderingMap | None = None) -> OutboxStore:
+        store = OutboxStore(pool, names, ordering or OrderingMap())
+        await store.store_settings()
+        return store
 
     return make
 
 
 @pytest.fixture
-def store(make_store: Callable[..., OutboxStore]) -> OutboxStore:
-    return make_store()
+async def store(make_store: Callable[..., Awaitable[OutboxStore]]) -> OutboxStore:
+    return await make_store()
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ async def claim(store: OutboxStore, owner: str, batch: int = 10, lease: timedelt
 async def test_four_workers_claiming_seven_at_a_time_get_each_row_once(pg_dsn: str, db: Db, names: Any) -> None:
     from psycopg_pool import AsyncConnectionPool
 
-    db.insert((f"agg-{i}", "Ping", {"i": i}) for i in range(200))
     # Each worker gets its own pool so the four claims really run on four connections at once.
     pools = [
         AsyncConnectionPool(pg_dsn, min_size=1, max_size=1, open=False, kwargs={"autocommit": True}) for _ in range(4)
@@ -32,6 +31,8 @@ async def test_four_workers_claiming_seven_at_a_time_get_each_row_once(pg_dsn: s
     for p in pools:
         await p.open(wait=True)
     stores = [OutboxStore(p, names, OrderingMap(default_ordered=False)) for p in pools]
+    await stores[0].store_settings()
+    db.insert((f"agg-{i}", "Ping", {"i": i}) for i in range(200))
     got: dict[str, list[int]] = {f"w{i}": [] for i in range(4)}
 
     async def worker(name: str, store: OutboxStore) -> None:

@@ -53,7 +53,7 @@ def decision(kind: str, m: OutboxMessage) -> Decision:
 # finalize must be refused while B's succeeds.
 @example(steps=[("claim", 0), ("expire",), ("claim", 1), ("finalize", 0, "done"), ("finalize", 1, "retry")])
 async def test_stale_workers_never_write(make_store: Any, db: Db, steps: list[tuple[Any, ...]]) -> None:
-    store: OutboxStore = make_store(OrderingMap(default_ordered=False))
+    store: OutboxStore = await make_store(OrderingMap(default_ordered=False))
     # Each example starts with one fresh row; earlier examples' rows are retired.
     db.conn.execute(sql.SQL("UPDATE {} SET status = 'done', lease_until = NULL").format(db.table))
     [oid] = db.insert([("agg", "E", {})])

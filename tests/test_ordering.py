@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -66,8 +66,8 @@ async def test_four_workers_finalize_one_aggregate_in_strictly_ascending_order(s
     assert db.statuses() == {"done": 30}
 
 
-async def test_unordered_types_are_taken_in_parallel(make_store: Callable[..., OutboxStore], db: Db) -> None:
-    store = make_store(OrderingMap(default_ordered=False))
+async def test_unordered_types_are_taken_in_parallel(make_store: Callable[..., Awaitable[OutboxStore]], db: Db) -> None:
+    store = await make_store(OrderingMap(default_ordered=False))
     db.insert(("order-1", "Notify", {"i": i}) for i in range(30))
     claim = await store.claim(owner="A", batch=100, lease=_lease(), max_attempts=3)
     assert len(claim.messages) == 30  # no head rule: the whole aggregate at once
@@ -112,10 +112,12 @@ async def test_processing_head_blocks_until_finalized(store: OutboxStore, db: Db
     assert nxt.id == ids[1]
 
 
-async def test_scope_unordered_events_neither_wait_nor_block(make_store: Callable[..., OutboxStore], db: Db) -> None:
+async def test_scope_unordered_events_neither_wait_nor_block(
+    make_store: Callable[..., Awaitable[OutboxStore]], db: Db
+) -> None:
     """Ordering scope: the ordered events of one aggregate form one sequence; unordered
     events of the same aggregate are outside it."""
-    store = make_store(OrderingMap(default_ordered=False, ordered=("Order*",)))
+    store = await make_store(OrderingMap(default_ordered=False, ordered=("Order*",)))
     ids = db.insert(
         [
             ("o1", "OrderCreated", {"poison": True}),  # ordered head: will die
@@ -144,8 +146,8 @@ async def test_scope_unordered_events_neither_wait_nor_block(make_store: Callabl
     assert set(pub.delivered_ids()) == {ids[1], ids[2], ids[4]}
 
 
-async def test_messages_carry_their_strategy(make_store: Callable[..., OutboxStore], db: Db) -> None:
-    store = make_store(OrderingMap(default_ordered=True, unordered=("Email*",)))
+async def test_messages_carry_their_strategy(make_store: Callable[..., Awaitable[OutboxStore]], db: Db) -> None:
+    store = await make_store(OrderingMap(default_ordered=True, unordered=("Email*",)))
     db.insert([("a", "OrderCreated", {}), ("a", "EmailSent", {})])
     claim = await store.claim(owner="A", batch=10, lease=_lease(), max_attempts=3)
     assert [(m.event_type, m.ordered) for m in claim.messages] == [
