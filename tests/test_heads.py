@@ -1,0 +1,174 @@
+"""The per-aggregate heads table: bookkeeping, commit order, and who keeps it in step."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from relay.message import Decision
+from relay.ordering import OrderingMap
+from relay.store import OutboxStore
+from tests.conftest import Db
+
+LEASE = timedelta(seconds=30)
+
+
+def heads(db: Db) -> dict[str, tuple[int | None, bool]]:
+    """aggregate -> (head_id, ready)."""
+    cur = db.conn.execute(
+        sql.SQL("SELECT aggregate_id, head_id, ready_at IS NOT NULL FROM {} ORDER BY 1").format(
+            sql.Identifier(db.names.schema, "outbox_heads")
+        )
+    )
+    return {a: (h, r) for a, h, r in cur.fetchall()}
+
+
+async def claim_ids(store: OutboxStore, owner: str = "w") -> list[int]:
+    result = await store.claim(owner=owner, batch=50, lease=LEASE, max_attempts=3)
+    return [m.id for m in result.messages]
+
+
+async def test_head_advances_on_done_stays_on_dead_moves_on_skip(store: OutboxStore, db: Db) -> None:
+    ids = db.insert([("a", "E", {}), ("a", "E", {}), ("a", "E", {})])
+    assert await claim_ids(store) == [ids[0]]
+    assert heads(db) == {"a": (ids[0], False)}  # leased: not claimable
+
+    assert await claim_ids(store, "x") == []  # the rows behind it wait
+
+    # done -> the next row becomes the head, ready at once
+    db.conn.execute(
+        sql.SQL("UPDATE {} SET status = 'done', lease_until = NULL WHERE id = %s").format(db.table), (ids[0],)
+    )
+    assert heads(db) == {"a": (ids[1], True)}
+    [second] = (await store.claim(owner="w", batch=5, lease=LEASE, max_attempts=3)).messages
+    assert second.id == ids[1]
+
+    # dead -> the head stays, and is not claimable
+    await store.finalize([Decision.dead(second, "PermanentError: no")])
+    assert heads(db) == {"a": (ids[1], False)}
+    assert await claim_ids(store) == []
+
+    # skip (an operator marks the dead head finished) -> the head moves on
+    db.conn.execute(sql.SQL("UPDATE {} SET status = 'done' WHERE id = %s").format(db.table), (ids[1],))
+    assert heads(db) == {"a": (ids[2], True)}
+    assert await claim_ids(store) == [ids[2]]
+
+
+async def test_retry_makes_the_head_ready_at_its_backoff(store: OutboxStore, db: Db) -> None:
+    [oid] = db.insert([("a", "E", {})])
+    [m] = (await store.claim(owner="w", batch=5, lease=LEASE, max_attempts=3)).messages
+    await store.finalize([Decision.retry(m, 60.0, "RetryableError: later")])
+    [(ready_in,)] = db.conn.execute(
+        sql.SQL("SELECT extract(epoch FROM ready_at - now()) FROM {}").format(
+            sql.Identifier(db.names.schema, "outbox_heads")
+        )
+    ).fetchall()
+    assert 55 < ready_in <= 60
+    assert await claim_ids(store) == []
+    db.make_available()  # moves available_at; the trigger carries it to the head
+    assert await claim_ids(store) == [oid]
+
+
+async def test_last_row_done_leaves_the_aggregate_idle_and_a_new_row_revives_it(store: OutboxStore, db: Db) -> None:
+    [first] = db.insert([("a", "E", {})])
+    [m] = (await store.claim(owner="w", batch=5, lease=LEASE, max_attempts=3)).messages
+    await store.finalize([Decision.published(m)])
+    assert heads(db) == {"a": (None, False)}
+    [later] = db.insert([("a", "E", {})])
+    assert await claim_ids(store) == [later]
+    assert later > first
+
+
+async def test_deleting_a_head_by_hand_moves_it_on(store: OutboxStore, db: Db) -> None:
+    ids = db.insert([("a", "E", {}), ("a", "E", {})])
+    assert await claim_ids(store) == [ids[0]]
+    db.conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(db.table), (ids[0],))
+    assert heads(db) == {"a": (ids[1], True)}
+
+
+async def test_expired_lease_makes_the_head_claimable_again(store: OutboxStore, db: Db) -> None:
+    ids = db.insert([("a", "E", {}), ("a", "E", {})])
+    first = (await store.claim(owner="A", batch=5, lease=LEASE, max_attempts=3)).messages
+    db.expire_leases()
+    second = (await store.claim(owner="B", batch=5, lease=LEASE, max_attempts=3)).messages
+    assert [m.id for m in first] == [m.id for m in second] == [ids[0]]
+    assert second[0].lease_version == first[0].lease_version + 1
+
+
+async def test_unordered_rows_never_get_heads(make_store: Callable[..., Awaitable[OutboxStore]], db: Db) -> None:
+    store = await make_store(OrderingMap(default_ordered=False, ordered=("Order*",)))
+    db.insert([("a", "Email", {}), ("b", "OrderPlaced", {})])
+    await claim_ids(store)
+    assert set(heads(db)) == {"b"}
+
+
+async def test_rows_are_routed_when_inserted_by_the_stored_map(
+    make_store: Callable[..., Awaitable[OutboxStore]], db: Db
+) -> None:
+    await make_store(OrderingMap(default_ordered=False, ordered=("Order*",)))
+    db.insert([("a", "OrderPlaced", {}), ("a", "Email", {})])
+    await make_store(OrderingMap(default_ordered=True))  # the map changes: new rows only
+    db.insert([("a", "Email", {})])
+    assert [r["ordered"] for r in db.rows()] == [True, False, True]
+
+
+async def test_store_settings_reports_the_map_it_replaced(make_store: Callable[..., Awaitable[OutboxStore]]) -> None:
+    first = await make_store(OrderingMap(default_ordered=False, ordered=("Order*", "Paid.v2")))
+    assert await first.store_settings() is None  # same map: nothing replaced
+    second = OutboxStore(first.pool, first.names, OrderingMap(default_ordered=True))
+    replaced = await second.store_settings()
+    assert replaced == OrderingMap(default_ordered=False, ordered=("Paid.v2", "Order*"))
+
+
+async def test_commit_order_is_respected_without_producer_locks(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+    """Two producers write one aggregate without locking it: the one with the lower id
+    commits last. The relay must neither deliver the later row first nor skip the earlier."""
+    insert = sql.SQL(
+        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'E', '{{}}')"
+        " RETURNING id"
+    ).format(db.table)
+    with psycopg.connect(pg_dsn) as t1, psycopg.connect(pg_dsn) as t2:
+        [(early,)] = t1.execute(insert).fetchall()  # T1 takes the lower id and stays open
+        [(late,)] = t2.execute(insert).fetchall()
+        t2.commit()  # the higher id commits first
+        assert early < late
+        # The naive NOT EXISTS would see only `late` and deliver it now. Ours waits for T1.
+        assert await claim_ids(store) == []
+        t1.commit()
+    delivered = []
+    for _ in range(3):
+        batch = (await store.claim(owner="w", batch=5, lease=LEASE, max_attempts=3)).messages
+        for m in batch:
+            delivered.append(m.id)
+            await store.finalize([Decision.published(m)])
+    # Order within the aggregate is by writing transaction, then id: T1 (early) first.
+    assert delivered == [early, late]
+
+
+async def test_an_open_transaction_elsewhere_delays_ordered_rows_only(
+    make_store: Callable[..., Awaitable[OutboxStore]], db: Db, pg_dsn: str
+) -> None:
+    store = await make_store(OrderingMap(default_ordered=False, ordered=("Order*",)))
+    with psycopg.connect(pg_dsn) as long_tx:
+        long_tx.execute("SELECT pg_current_xact_id()")  # holds an xid, like any writing transaction
+        ids = db.insert([("a", "OrderPlaced", {}), ("b", "Email", {})])
+        assert await claim_ids(store) == [ids[1]]  # the unordered row goes; the ordered waits
+        long_tx.rollback()
+    assert await claim_ids(store) == [ids[0]]
+
+
+async def test_heads_ingest_is_idempotent(store: OutboxStore, db: Db, pool: Any) -> None:
+    ids = db.insert([("a", "E", {}), ("a", "E", {}), ("b", "E", {})])
+    async with pool.connection() as conn:
+        for _ in range(3):
+            await conn.execute(store.query("ingest"))
+        # rewind the cursor: offering the same rows again changes nothing
+        await conn.execute(
+            sql.SQL("UPDATE {} SET ingested_xid = '0'").format(sql.Identifier(db.names.schema, "outbox_cursor"))
+        )
+        await conn.execute(store.query("ingest"))
+    assert heads(db) == {"a": (ids[0], True), "b": (ids[2], True)}
