@@ -130,6 +130,12 @@ START_OPTIONS: tuple[Option, ...] = (
         "Deadline for one batch's publish; must end well inside the lease.",
     ),
     Option("poll_interval", "duration", "1s", "How long an idle worker waits before it looks again."),
+    Option(
+        "notify",
+        "bool",
+        True,
+        "Wake idle workers on insert with LISTEN/NOTIFY; turn off behind a transaction-mode pooler.",
+    ),
     Option("max_attempts", "int", 12, "Claims a message gets before it goes to dead.", minimum=1, maximum=1000),
     Option("backoff_base", "duration", "1s", "First retry waits up to this long (full jitter)."),
     Option("backoff_cap", "duration", "5m", "No retry waits longer than this."),
@@ -254,6 +260,7 @@ class RelaySettings:
     worker: WorkerConfig
     ordering: OrderingMap
     shutdown_grace: timedelta = timedelta(seconds=10)
+    notify: bool = True
 
     @classmethod
     def from_values(cls, v: Mapping[str, Any]) -> RelaySettings:
@@ -296,6 +303,7 @@ class RelaySettings:
             worker=worker,
             ordering=ordering,
             shutdown_grace=v["shutdown_grace"],
+            notify=v["notify"],
         )
 
 

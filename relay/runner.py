@@ -14,6 +14,7 @@ from adapters.base import Publisher
 from relay.config import RelaySettings
 from relay.db import check_schema, open_pool
 from relay.store import OutboxStore
+from relay.wakeup import listen
 from relay.worker import Worker, WorkerStats
 
 log = logging.getLogger("relay.runner")
@@ -46,7 +47,7 @@ async def run_relay(
         async with pool.connection() as conn:
             await check_schema(conn, settings.names)
         store = OutboxStore(pool, settings.names, settings.ordering)
-        replaced = await store.store_settings()
+        replaced = await store.store_settings(notify=settings.notify)
         if replaced is not None:
             log.warning(
                 "ordering map changed from %s to %s; rows inserted from now on are routed by the new map",
@@ -60,6 +61,11 @@ async def run_relay(
                 Worker(store=store, publisher=publisher, owner=f"{prefix}:{i}", config=settings.worker)
                 for i in range(settings.workers)
             ]
+            background = []
+            if settings.notify:
+                background.append(
+                    asyncio.create_task(listen(settings.dsn, settings.names, [w.wakeup for w in workers], stop))
+                )
             log.info(
                 "relay started: %d workers, broker %s, outbox %s, ordering %s",
                 len(workers),
@@ -67,7 +73,12 @@ async def run_relay(
                 settings.names.qualified,
                 settings.ordering.describe(),
             )
-            await _supervise([asyncio.create_task(w.run(stop)) for w in workers], stop, settings.shutdown_grace)
+            try:
+                await _supervise([asyncio.create_task(w.run(stop)) for w in workers], stop, settings.shutdown_grace)
+            finally:
+                for task in background:
+                    task.cancel()
+                await asyncio.gather(*background, return_exceptions=True)
             return RunResult(stats=[w.stats for w in workers])
         finally:
             await publisher.close()

@@ -7,7 +7,6 @@ The loop never sees SQL (that is :mod:`relay.store`) nor SDK types (those stay i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from relay.backoff import Backoff
 from relay.decide import Policy, is_classified
 from relay.errors import BrokerUnavailable, RetryableError
 from relay.message import Decision, OutboxMessage
+from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
 
 log = logging.getLogger("relay.worker")
@@ -87,12 +87,14 @@ class Worker:
                     first_line(exc),
                     extra={"worker": self.owner},
                 )
-                await _sleep_or(stop, delay)
+                await sleep_unless_stopped(stop, delay)
                 continue
             if self._broker_failures:
                 # The broker refused the whole batch; wait out the backoff before claiming
                 # again, so an outage is not turned into a busy loop of claims.
-                await _sleep_or(stop, self.config.policy.outage_backoff.delay(self._broker_failures).total_seconds())
+                await sleep_unless_stopped(
+                    stop, self.config.policy.outage_backoff.delay(self._broker_failures).total_seconds()
+                )
             elif claimed == 0:
                 # Only an empty claim means "nothing to do". A short batch does not: an
                 # ordered claim leases one head per aggregate, and the next heads become
@@ -233,11 +235,6 @@ def _log_unclassified(outcomes: Sequence[Outcome]) -> None:
             "unclassified publisher error (a bug in the adapter): the messages go to dead",
             exc_info=(type(outcome), outcome, outcome.__traceback__),
         )
-
-
-async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
 
 
 def first_line(exc: BaseException) -> str:
