@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -23,6 +24,11 @@ from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
 
 log = logging.getLogger("relay.worker")
+
+# A worker that finds full batches runs the ingest and the reaper at most this often;
+# one that finds less runs them on every claim. Ten times a second per worker keeps new
+# aggregates and expired leases waiting well under the poll interval.
+HOUSEKEEPING_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,8 @@ class Worker:
         self.stats = WorkerStats()
         self._ordered_first = True
         self._broker_failures = 0  # consecutive batches the broker refused as a whole
+        self._last_housekeeping = float("-inf")
+        self._saturated = False  # the last claim came back full
 
     async def run(self, stop: asyncio.Event) -> None:
         """Dispatch until ``stop`` is set; the batch in hand is finished first."""
@@ -117,14 +125,20 @@ class Worker:
 
     async def run_once(self) -> int:
         """Claim one batch, publish it, finalize it. Returns how many rows were claimed."""
+        now = time.monotonic()
+        housekeeping = not self._saturated or now - self._last_housekeeping >= HOUSEKEEPING_INTERVAL_S
+        if housekeeping:
+            self._last_housekeeping = now
         claim = await self.store.claim(
             owner=self.owner,
             batch=self.config.batch_size,
             lease=self.config.lease,
             max_attempts=self.config.policy.max_attempts,
             ordered_first=self._ordered_first,
+            housekeeping=housekeeping,
         )
         self._ordered_first = not self._ordered_first
+        self._saturated = len(claim.messages) >= self.config.batch_size
         for row in claim.reaped:
             if row.status != "dead":
                 log.info(

@@ -35,12 +35,13 @@ WITH cursor AS (
 ), horizon AS (
     SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xid
 ), fresh AS (
+    -- Scalar subqueries, not joins, so the planner reads the (xid) index as a range.
     SELECT DISTINCT ON (o.aggregate_id) o.aggregate_id, o.id, o.xid, o.available_at
-      FROM {outbox} AS o, cursor, horizon
+      FROM {outbox} AS o
      WHERE o.status = 'pending'
        AND o.ordered
-       AND o.xid >= cursor.ingested_xid
-       AND o.xid < horizon.xid
+       AND o.xid >= (SELECT ingested_xid FROM cursor)
+       AND o.xid < (SELECT xid FROM horizon)
      ORDER BY o.aggregate_id, o.xid, o.id
 ), offered AS (
     -- In aggregate order, like the heads trigger, so the two never deadlock.
@@ -96,6 +97,10 @@ WITH picked AS (
        SET ready_at = NULL
       FROM picked
      WHERE h.aggregate_id = picked.aggregate_id
+), quiet AS (
+    -- The heads are leased right here, so the heads trigger may skip this transaction's
+    -- claims (the reaper ran before this, with the trigger on).
+    SELECT set_config('outbox_relay.claiming', 'on', true) AS flag
 )
 UPDATE {outbox} AS o
    SET status        = 'processing',
@@ -103,7 +108,7 @@ UPDATE {outbox} AS o
        lease_until   = now() + %(lease)s,
        lease_version = o.lease_version + 1,
        attempts      = o.attempts + 1
-  FROM picked
+  FROM picked, quiet
  WHERE o.id = picked.head_id
    AND o.status = 'pending'
 RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,

@@ -103,17 +103,31 @@ SELECT DISTINCT ON (o.aggregate_id)
 CREATE FUNCTION {q_follow_heads}() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    horizon xid8;
 BEGIN
+    -- The relay's ordered claim moves its heads itself (it leases them in the same
+    -- statement) and says so for the rest of its transaction; nothing to follow then.
+    IF current_setting('outbox_relay.claiming', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+
     -- Lock the heads this statement touched, in aggregate order (ingest locks in the same
     -- order, so the two cannot deadlock), and in a statement of their own, so that every
     -- statement below runs on a snapshot taken after any concurrent ingest of these
     -- aggregates has committed.
+    -- (Written as a lateral lookup per changed row so that it stays an index probe: the
+    -- planner has no statistics for a transition table.)
     PERFORM 1
-       FROM {q_heads} AS h
-       JOIN changed AS n ON h.aggregate_id = n.aggregate_id AND h.head_id = n.id
-      WHERE n.ordered
-      ORDER BY h.aggregate_id
-        FOR UPDATE OF h;
+       FROM (SELECT DISTINCT n.aggregate_id, n.id
+               FROM changed AS n
+              WHERE n.ordered
+              ORDER BY n.aggregate_id) AS n,
+            LATERAL (SELECT 1
+                       FROM {q_heads} AS h
+                      WHERE h.aggregate_id = n.aggregate_id
+                        AND h.head_id = n.id
+                        FOR UPDATE) AS locked;
     IF NOT FOUND THEN
         RETURN NULL;  -- no head changed: the common case for unordered rows
     END IF;
@@ -132,7 +146,9 @@ BEGIN
     END IF;
 
     -- A head that finished (done, or deleted): the next unfinished ordered row takes over,
-    -- or nothing does, and ingest offers the aggregate's next new row when it comes.
+    -- or nothing does, and ingest offers the aggregate's next new row when it comes. Only
+    -- rows that no still-running transaction can precede qualify.
+    horizon := pg_snapshot_xmin(pg_current_snapshot());
     UPDATE {q_heads} AS h
        SET head_id  = nxt.id,
            head_xid = nxt.xid,
@@ -144,8 +160,7 @@ BEGIN
              WHERE o.aggregate_id = n.aggregate_id
                AND o.ordered
                AND o.status IN ('pending', 'processing', 'dead')
-               -- Only rows that no still-running transaction can precede.
-               AND o.xid < pg_snapshot_xmin(pg_current_snapshot())
+               AND o.xid < horizon
              ORDER BY o.xid, o.id
              LIMIT 1
       ) AS nxt ON true
