@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -35,16 +35,16 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.base import Outcome  # noqa: E402
-from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, resolve  # noqa: E402
-from relay.message import OutboxMessage  # noqa: E402
-from relay.db import open_pool  # noqa: E402
-from relay.migrate import migrate  # noqa: E402
-from relay.ordering import OrderingMap  # noqa: E402
-from relay.runner import run_relay  # noqa: E402
-from relay.sqlnames import OutboxNames  # noqa: E402
-from relay.store import OutboxStore  # noqa: E402
-from relay.worker import Worker, WorkerConfig  # noqa: E402
+from adapters.base import Outcome
+from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, resolve
+from relay.db import open_pool
+from relay.message import OutboxMessage
+from relay.migrate import migrate
+from relay.ordering import OrderingMap
+from relay.runner import run_relay
+from relay.sqlnames import OutboxNames
+from relay.store import OutboxStore
+from relay.worker import Worker, WorkerConfig
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 RELAY_SCHEMA = "bench_relay"
@@ -242,12 +242,12 @@ def drain_scenario(
     relay_rate, base_rate = messages / relay_s, messages / base_s
     kind = "ordered" if ordered else "unordered"
     where = f"{history:,} done rows" if history else "fresh table"
-    goal = "≥ 25,000/s and ≥ 7×" if not history else "—"
+    goal = "≥ 25,000/s and ≥ 7x" if not history else "—"
     return Row(
         f"drain, {kind}, {where} ({messages:,} msgs, {aggregates:,} aggs)",
         f"{relay_rate:,.0f}/s",
         f"{base_rate:,.0f}/s",
-        f"{relay_rate / base_rate:.1f}×",
+        f"{relay_rate / base_rate:.1f}x",
         goal,
     )
 
@@ -297,7 +297,7 @@ async def claim_latency_baseline(dsn: str, samples: int, batch: int) -> list[flo
 
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] * 1000
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] * 1000
 
 
 def latency_scenarios(dsn: str, *, samples: int, batch: int, history: int, hot: int, dead_heads: int) -> list[Row]:
@@ -369,8 +369,8 @@ def latency_scenarios(dsn: str, *, samples: int, batch: int, history: int, hot: 
                 f"ordered claim of {batch}, {name}: p50 / p99",
                 f"{pct(ours, 50):.2f} / {pct(ours, 99):.2f} ms",
                 f"{pct(base, 50):.2f} / {pct(base, 99):.2f} ms",
-                f"{pct(base, 50) / pct(ours, 50):.1f}× faster; p50 {vs_fresh:.2f}× fresh",
-                "≤ 2× fresh" if name != "fresh" else "—",
+                f"{pct(base, 50) / pct(ours, 50):.1f}x faster; p50 {vs_fresh:.2f}x fresh",
+                "≤ 2x fresh" if name != "fresh" else "—",
             )
         )
     return rows
@@ -404,8 +404,8 @@ def produce(dsn: str, rate: float, seconds: float, producers: int, committed: di
             while time.monotonic() < stop_at:
                 row = conn.execute(
                     sql.SQL(
-                        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', %s, 'E', '{{}}')"
-                        " RETURNING id"
+                        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+                        " VALUES ('order', %s, 'E', '{{}}') RETURNING id"
                     ).format(sql.Identifier(RELAY_SCHEMA, "outbox")),
                     (f"p{i}-{n % 50}",),
                 ).fetchone()
@@ -459,7 +459,7 @@ def latency_rows(dsn: str, *, rate: float, seconds: float) -> list[Row]:
             f"insert-to-publish at {rate:.0f} msg/s, poll 1s: p50 / p99 ({on[2]:,} msgs)",
             f"wake-ups on: {on[0]:.1f} / {on[1]:.1f} ms",
             f"wake-ups off: {off[0]:.1f} / {off[1]:.1f} ms",
-            f"{off[0] / on[0]:.0f}× lower p50",
+            f"{off[0] / on[0]:.0f}x lower p50",
             "p50 ≤ 20 ms, p99 ≤ 100 ms",
         )
     ]
@@ -503,7 +503,7 @@ def memory_row(dsn: str, rows: int) -> Row:
     while True:
         try:
             status = Path(f"/proc/{proc.pid}/status").read_text()
-            peak_kb = max(peak_kb, int(next(l for l in status.splitlines() if l.startswith("VmHWM")).split()[1]))
+            peak_kb = max(peak_kb, int(next(ln for ln in status.splitlines() if ln.startswith("VmHWM")).split()[1]))
         except (FileNotFoundError, StopIteration):
             break
         if count_done(dsn, RELAY_SCHEMA) >= rows:
