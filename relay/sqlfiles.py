@@ -23,8 +23,18 @@ def sql_dir() -> Path:
 
 @cache
 def named_queries() -> dict[str, str]:
-    """Parse ``sql/queries.sql`` into ``{name: statement}``, once per process."""
-    text = (sql_dir() / "queries.sql").read_text(encoding="utf-8")
+    """Every named statement of ``sql/*.sql`` (the dispatch path's ``queries.sql``, the
+    operator tools' ``ops.sql``) as ``{name: statement}``, parsed once per process."""
+    queries: dict[str, str] = {}
+    for path in sorted(sql_dir().glob("*.sql")):
+        for name, statement in _parse(path.read_text(encoding="utf-8")).items():
+            if name in queries:
+                raise ValueError(f"query {name!r} is defined twice under sql/")
+            queries[name] = statement
+    return queries
+
+
+def _parse(text: str) -> dict[str, str]:
     matches = list(_HEADER.finditer(text))
     queries: dict[str, str] = {}
     for match, following in zip(matches, [*matches[1:], None], strict=True):
