@@ -131,6 +131,13 @@ START_OPTIONS: tuple[Option, ...] = (
     ),
     Option("poll_interval", "duration", "1s", "How long an idle worker waits before it looks again."),
     Option(
+        "commit_order_guard",
+        "bool",
+        True,
+        "Deliver an aggregate's ordered events in commit order even when producers do not lock it;"
+        " turn off only if every producer locks the aggregate before writing its events.",
+    ),
+    Option(
         "notify",
         "bool",
         True,
@@ -261,6 +268,7 @@ class RelaySettings:
     ordering: OrderingMap
     shutdown_grace: timedelta = timedelta(seconds=10)
     notify: bool = True
+    commit_order_guard: bool = True
 
     @classmethod
     def from_values(cls, v: Mapping[str, Any]) -> RelaySettings:
@@ -273,11 +281,11 @@ class RelaySettings:
             raise ConfigError("invalid --lease: must be longer than zero")
         if publish_timeout <= timedelta(0):
             raise ConfigError("invalid --publish-timeout: must be longer than zero")
-        if publish_timeout >= lease:
+        if publish_timeout + min(timedelta(seconds=2), lease / 10) > lease:
             raise ConfigError(
-                f"--publish-timeout ({publish_timeout.total_seconds():g}s) must be shorter than --lease"
-                f" ({lease.total_seconds():g}s): a publish still running when its lease expires could"
-                " deliver out of order after another worker took the message over"
+                f"--publish-timeout ({publish_timeout.total_seconds():g}s) must end inside --lease"
+                f" ({lease.total_seconds():g}s) with a margin of 10% (at most 2s): a publish still running"
+                " when its lease expires could deliver out of order after another worker took the message over"
             )
         if v["backoff_cap"] < v["backoff_base"]:
             raise ConfigError("--backoff-cap must not be shorter than --backoff-base")
@@ -304,6 +312,7 @@ class RelaySettings:
             ordering=ordering,
             shutdown_grace=v["shutdown_grace"],
             notify=v["notify"],
+            commit_order_guard=v["commit_order_guard"],
         )
 
 

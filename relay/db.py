@@ -12,6 +12,7 @@ from relay.errors import ConfigError, DatabaseUnavailable
 from relay.sqlnames import OutboxNames
 
 CONNECT_TIMEOUT_S = 5
+APPLICATION_NAME = "outbox-relay"
 
 
 async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
@@ -41,7 +42,9 @@ async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
         min_size=size,
         max_size=size,
         open=False,
-        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+        # The application name lets operators (and the fault tests) find the relay's
+        # sessions in pg_stat_activity.
+        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S, "application_name": APPLICATION_NAME},
         # Connections found broken are replaced on return instead of handed out again.
         check=AsyncConnectionPool.check_connection,
         name="relay",

@@ -73,9 +73,9 @@ class Decision:
         return cls(message, "dead", "dead", error=error)
 
     @classmethod
-    def released(cls, message: OutboxMessage) -> Decision:
-        """Hand an unpublished message back at once, refunding the attempt (shutdown)."""
-        return cls(message, "released", "pending", refund=True, error="released unpublished at shutdown")
+    def released(cls, message: OutboxMessage, reason: str = "released unpublished at shutdown") -> Decision:
+        """Hand an unpublished message back at once, refunding the attempt."""
+        return cls(message, "released", "pending", refund=True, error=reason)
 
     @classmethod
     def broker_unavailable(cls, message: OutboxMessage, delay_s: float, error: str) -> Decision:

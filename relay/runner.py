@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from adapters.base import Publisher
+from relay.breaker import CircuitBreaker
 from relay.config import RelaySettings
 from relay.db import check_schema, open_pool
 from relay.store import OutboxStore
@@ -47,7 +48,7 @@ async def run_relay(
         async with pool.connection() as conn:
             await check_schema(conn, settings.names)
         store = OutboxStore(pool, settings.names, settings.ordering)
-        replaced = await store.store_settings(notify=settings.notify)
+        replaced = await store.store_settings(notify=settings.notify, commit_order_guard=settings.commit_order_guard)
         if replaced is not None:
             log.warning(
                 "ordering map changed from %s to %s; rows inserted from now on are routed by the new map",
@@ -57,8 +58,9 @@ async def run_relay(
         await publisher.start()
         try:
             prefix = owner_prefix()
+            breaker = CircuitBreaker()  # one per process: an outage pauses every worker
             workers = [
-                Worker(store=store, publisher=publisher, owner=f"{prefix}:{i}", config=settings.worker)
+                Worker(store=store, publisher=publisher, owner=f"{prefix}:{i}", config=settings.worker, breaker=breaker)
                 for i in range(settings.workers)
             ]
             background = []

@@ -37,6 +37,9 @@ class Reaped:
 class Claim:
     messages: list[OutboxMessage]
     reaped: list[Reaped]
+    # Age of the oldest ordered row the commit-order guard is holding back (None: none,
+    # or the ingest did not run this time).
+    held_back_s: float | None = None
 
 
 class OutboxStore:
@@ -46,13 +49,15 @@ class OutboxStore:
         self.pool = pool
         self.names = names
         self.ordering = ordering
+        self._guard = True  # the commit-order guard; store_settings says otherwise
         # Render every statement once: identifiers are fixed for the life of the store.
         self._sql = {name: names.render(text) for name, text in named_queries().items()}
 
-    async def store_settings(self, *, notify: bool = True) -> OrderingMap | None:
+    async def store_settings(self, *, notify: bool = True, commit_order_guard: bool = True) -> OrderingMap | None:
         """Write this relay's ordering map to the database, which routes each row by it
         when the row is inserted. Returns the map it replaced when that was different."""
-        params = {**self.ordering.sql_params(), "notify": notify}
+        params = {**self.ordering.sql_params(), "notify": notify, "guard": commit_order_guard}
+        self._guard = commit_order_guard
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql["store_settings"], params)
             row = await cur.fetchone()
@@ -94,8 +99,11 @@ class OutboxStore:
         messages: list[OutboxMessage] = []
         async with self.pool.connection() as conn, conn.transaction():
             reaped: list[Reaped] = []
+            held_back_s = None
             if housekeeping:
-                await conn.execute(self._sql["ingest"])
+                cur = await conn.execute(self._sql["ingest"], {"guard": self._guard})
+                row = await cur.fetchone()
+                held_back_s = row[1] if row else None
                 cur = await conn.execute(self._sql["reap_expired"], params)
                 reaped = [Reaped(*row) for row in await cur.fetchall()]
             for name in strategies:
@@ -118,7 +126,7 @@ class OutboxStore:
                         )
                     )
         messages.sort(key=lambda m: m.id)  # RETURNING order is not guaranteed
-        return Claim(messages=messages, reaped=reaped)
+        return Claim(messages=messages, reaped=reaped, held_back_s=held_back_s)
 
     async def finalize(self, decisions: Sequence[Decision]) -> set[int]:
         """Write every decision in one fenced statement; return the ids that were refused.

@@ -12,16 +12,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Protocol
 
 import psycopg
 
 from adapters.base import Outcome, Publisher
 from relay.backoff import Backoff
-from relay.decide import Policy, is_classified
+from relay.breaker import CircuitBreaker
+from relay.decide import Policy, describe, is_classified
 from relay.errors import BrokerUnavailable, RetryableError
 from relay.message import Decision, OutboxMessage
 from relay.sleep import sleep_unless_stopped
-from relay.store import OutboxStore
+from relay.store import OutboxStore, Reaped
 
 log = logging.getLogger("relay.worker")
 
@@ -29,6 +31,10 @@ log = logging.getLogger("relay.worker")
 # one that finds less runs them on every claim. Ten times a second per worker keeps new
 # aggregates and expired leases waiting well under the poll interval.
 HOUSEKEEPING_INTERVAL_S = 0.1
+
+# Ordered rows held back this long by a still-running transaction (the commit-order
+# guard) earn a warning: somebody's transaction is delaying delivery.
+HELD_BACK_WARNING_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -38,8 +44,14 @@ class WorkerConfig:
     publish_timeout: timedelta = timedelta(seconds=20)
     poll_interval: timedelta = timedelta(seconds=1)
     policy: Policy = field(default_factory=Policy)
-    # Backoff for the worker itself after a database error, before it claims again.
+    # Backoff for the worker itself after a database error, before it tries again.
     db_backoff: Backoff = field(default_factory=lambda: Backoff(timedelta(milliseconds=200), timedelta(seconds=10)))
+
+    @property
+    def lease_margin(self) -> timedelta:
+        """How long before its lease expires a publish is abandoned: time for the finalize
+        to land, and for the claim's own latency (the lease started at the database)."""
+        return min(timedelta(seconds=2), self.lease / 10)
 
 
 @dataclass
@@ -55,6 +67,32 @@ class WorkerStats:
     broker_unavailable: int = 0
 
 
+class MetricsSink(Protocol):
+    """What the loop reports (relay.metrics.RelayMetrics implements it)."""
+
+    def messages(self, event_type: str, outcome: str, n: int = 1) -> None: ...
+
+    def lost_lease(self) -> None: ...
+
+    def observe_claim(self, seconds: float) -> None: ...
+
+    def observe_publish(self, seconds: float) -> None: ...
+
+
+class NoMetrics:
+    def messages(self, event_type: str, outcome: str, n: int = 1) -> None:
+        pass
+
+    def lost_lease(self) -> None:
+        pass
+
+    def observe_claim(self, seconds: float) -> None:
+        pass
+
+    def observe_publish(self, seconds: float) -> None:
+        pass
+
+
 class Worker:
     """One dispatch loop. Several run side by side in a process, and several processes on
     several machines; they coordinate only through the outbox table."""
@@ -67,43 +105,44 @@ class Worker:
         owner: str,
         config: WorkerConfig,
         wakeup: asyncio.Event | None = None,
+        breaker: CircuitBreaker | None = None,
+        metrics: MetricsSink | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
         self.owner = owner
         self.config = config
         self.wakeup = wakeup or asyncio.Event()
+        self.breaker = breaker or CircuitBreaker()
+        self.metrics: MetricsSink = metrics or NoMetrics()
         self.stats = WorkerStats()
         self._ordered_first = True
-        self._broker_failures = 0  # consecutive batches the broker refused as a whole
         self._last_housekeeping = float("-inf")
         self._saturated = False  # the last claim came back full
+        self._held_back_warned = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Dispatch until ``stop`` is set; the batch in hand is finished first."""
         db_failures = 0
         while not stop.is_set():
+            limit = await self.breaker.permit(stop)
+            if stop.is_set():
+                return
+            probe = limit is not None
             try:
-                claimed = await self.run_once()
+                claimed = await self.run_once(limit=limit, probe=probe, stop=stop)
+                if db_failures:
+                    log.info("database reachable again", extra={"worker": self.owner})
                 db_failures = 0
             except psycopg.OperationalError as exc:
                 db_failures += 1
                 delay = self.config.db_backoff.delay(db_failures).total_seconds()
                 log.warning(
-                    "database error, retrying in %.1fs: %s",
-                    delay,
-                    first_line(exc),
-                    extra={"worker": self.owner},
+                    "database error, retrying in %.1fs: %s", delay, first_line(exc), extra={"worker": self.owner}
                 )
                 await sleep_unless_stopped(stop, delay)
                 continue
-            if self._broker_failures:
-                # The broker refused the whole batch; wait out the backoff before claiming
-                # again, so an outage is not turned into a busy loop of claims.
-                await sleep_unless_stopped(
-                    stop, self.config.policy.outage_backoff.delay(self._broker_failures).total_seconds()
-                )
-            elif claimed == 0:
+            if claimed == 0 and not probe:
                 # Only an empty claim means "nothing to do". A short batch does not: an
                 # ordered claim leases one head per aggregate, and the next heads become
                 # ready the moment this batch is finalized.
@@ -115,80 +154,105 @@ class Worker:
         waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wakeup.wait())}
         try:
             await asyncio.wait(
-                waiters,
-                timeout=self.config.poll_interval.total_seconds(),
-                return_when=asyncio.FIRST_COMPLETED,
+                waiters, timeout=self.config.poll_interval.total_seconds(), return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             for waiter in waiters:
                 waiter.cancel()
 
-    async def run_once(self) -> int:
-        """Claim one batch, publish it, finalize it. Returns how many rows were claimed."""
-        now = time.monotonic()
-        housekeeping = not self._saturated or now - self._last_housekeeping >= HOUSEKEEPING_INTERVAL_S
+    async def run_once(
+        self, *, limit: int | None = None, probe: bool = False, stop: asyncio.Event | None = None
+    ) -> int:
+        """Claim one batch (at most ``limit`` rows), publish it, finalize it.
+        Returns how many rows were claimed."""
+        started = time.monotonic()
+        housekeeping = not self._saturated or started - self._last_housekeeping >= HOUSEKEEPING_INTERVAL_S
         if housekeeping:
-            self._last_housekeeping = now
-        claim = await self.store.claim(
-            owner=self.owner,
-            batch=self.config.batch_size,
-            lease=self.config.lease,
-            max_attempts=self.config.policy.max_attempts,
-            ordered_first=self._ordered_first,
-            housekeeping=housekeeping,
-        )
-        self._ordered_first = not self._ordered_first
-        self._saturated = len(claim.messages) >= self.config.batch_size
-        for row in claim.reaped:
-            if row.status != "dead":
-                log.info(
-                    "lease expired; message returned to pending",
-                    extra={
-                        "outbox_id": row.id,
-                        "aggregate_id": row.aggregate_id,
-                        "event_type": row.event_type,
-                        "lease_version": row.lease_version,
-                    },
-                )
-                continue
-            self.stats.reaped += 1
-            log.warning(
-                "lease expired on the last attempt; message sent to dead",
-                extra={
-                    "outbox_id": row.id,
-                    "aggregate_id": row.aggregate_id,
-                    "event_type": row.event_type,
-                    "lease_version": row.lease_version,
-                    "attempts": row.attempts,
-                },
+            self._last_housekeeping = started
+        batch_size = min(limit or self.config.batch_size, self.config.batch_size)
+        try:
+            claim = await self.store.claim(
+                owner=self.owner,
+                batch=batch_size,
+                lease=self.config.lease,
+                max_attempts=self.config.policy.max_attempts,
+                ordered_first=self._ordered_first,
+                housekeeping=housekeeping,
             )
+        except BaseException:
+            if probe:
+                self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
+            raise
+        self.metrics.observe_claim(time.monotonic() - started)
+        self._ordered_first = not self._ordered_first
+        self._saturated = len(claim.messages) >= batch_size
+        self._report_housekeeping(claim.reaped, claim.held_back_s)
         messages = claim.messages
         if not messages:
+            if probe:  # nothing to probe with; try again after the next backoff
+                self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
             return 0
         self.stats.claimed += len(messages)
         try:
-            outcomes = await self._publish(messages)
+            outcomes = await self._publish(messages, started)
         except asyncio.CancelledError:
             # Shutdown past its grace period: hand the rows back now, attempt refunded,
             # rather than leave them leased until the lease runs out. A message the broker
             # did get before the cancel is sent again: consumers de-duplicate by id.
-            await asyncio.shield(self._finalize([Decision.released(m) for m in messages]))
+            if probe:
+                self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
+            await asyncio.shield(self._finalize([Decision.released(m) for m in messages], stop))
             raise
-        self._broker_failures = (
-            self._broker_failures + 1 if all(isinstance(o, BrokerUnavailable) for o in outcomes) else 0
-        )
+        unavailable = [o for o in outcomes if isinstance(o, BrokerUnavailable)]
+        refused_all = len(unavailable) == len(outcomes)
+        if refused_all or probe or self.breaker.is_open:
+            self.breaker.record(
+                unavailable=refused_all, reason=describe(unavailable[0]) if unavailable else "", probe=probe
+            )
+        # How long the outage has lasted sets how far its rows are pushed back.
+        failures = max(1, self.breaker.failures)
         decisions = [
-            self.config.policy.decide(m, o, broker_failures=max(self._broker_failures, 1))
-            for m, o in zip(messages, outcomes, strict=True)
+            self.config.policy.decide(m, o, broker_failures=failures) for m, o in zip(messages, outcomes, strict=True)
         ]
         _log_unclassified(outcomes)
         # Shielded: once the broker has the messages, a cancellation (shutdown) must not
         # lose the write that records it.
-        await asyncio.shield(self._finalize(decisions))
+        await asyncio.shield(self._finalize(decisions, stop))
         return len(messages)
 
-    async def _publish(self, messages: Sequence[OutboxMessage]) -> list[Outcome]:
-        timeout = self.config.publish_timeout.total_seconds()
+    def _report_housekeeping(self, reaped: Sequence[Reaped], held_back_s: float | None) -> None:
+        for row in reaped:
+            fields = {
+                "outbox_id": row.id,
+                "aggregate_id": row.aggregate_id,
+                "event_type": row.event_type,
+                "lease_version": row.lease_version,
+            }
+            if row.status == "dead":
+                self.stats.reaped += 1
+                self.metrics.messages(row.event_type, "dead")
+                log.warning("lease expired on the last attempt; message sent to dead", extra=fields)
+            else:
+                log.info("lease expired; message returned to pending", extra=fields)
+        if held_back_s is not None and held_back_s >= HELD_BACK_WARNING_S:
+            now = time.monotonic()
+            if now - self._held_back_warned >= 60:  # once a minute per worker is plenty
+                self._held_back_warned = now
+                log.warning(
+                    "ordered delivery held back %.0fs by a transaction still running in the database"
+                    " (commit-order guard); see pg_stat_activity for old transactions",
+                    held_back_s,
+                    extra={"held_back_s": round(held_back_s, 1)},
+                )
+
+    async def _publish(self, messages: Sequence[OutboxMessage], claimed_at: float) -> list[Outcome]:
+        """Publish within the publish timeout, and in any case before the lease runs out:
+        a publish still running when its lease expires could land after the new owner's."""
+        lease_left = self.config.lease - self.config.lease_margin - timedelta(seconds=time.monotonic() - claimed_at)
+        timeout = min(self.config.publish_timeout, lease_left).total_seconds()
+        if timeout <= 0:
+            return [RetryableError("the lease ran out before the publish could start")] * len(messages)
+        started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
                 outcomes = list(await self.publisher.publish(messages))
@@ -198,18 +262,43 @@ class Worker:
             return [error] * len(messages)
         except Exception as exc:  # the adapter raised for the whole batch
             return [exc] * len(messages)
+        finally:
+            self.metrics.observe_publish(time.monotonic() - started)
         if len(outcomes) != len(messages):
             name = self.publisher.name
             bug = RuntimeError(f"publisher {name!r} returned {len(outcomes)} outcomes for {len(messages)} messages")
             return [bug] * len(messages)
         return outcomes
 
-    async def _finalize(self, decisions: Sequence[Decision]) -> None:
-        refused = await self.store.finalize(decisions)
+    async def _finalize(self, decisions: Sequence[Decision], stop: asyncio.Event | None) -> None:
+        """Write the decisions; if the database is unreachable, keep trying for as long as
+        the lease lasts (fencing makes a late write safe). Past that the rows return to
+        'pending' through their expired leases, and the messages are sent again."""
+        give_up = time.monotonic() + self.config.lease.total_seconds()
+        failures = 0
+        while True:
+            try:
+                refused = await self.store.finalize(decisions)
+                break
+            except psycopg.OperationalError as exc:
+                failures += 1
+                if time.monotonic() >= give_up:
+                    log.error(
+                        "could not record %d outcomes before the lease ran out; the rows return after it: %s",
+                        len(decisions),
+                        first_line(exc),
+                    )
+                    raise
+                delay = self.config.db_backoff.delay(failures).total_seconds()
+                log.warning("finalize failed, retrying in %.1fs: %s", delay, first_line(exc))
+                await asyncio.sleep(delay)
+        if failures:
+            log.info("finalize recorded after %d retries", failures)
         for d in decisions:
             fields = d.message.log_fields()
             if d.message.id in refused:
                 self.stats.lost_leases += 1
+                self.metrics.lost_lease()
                 log.warning(
                     "lost lease: finalize refused, the row belongs to a newer claim",
                     extra={**fields, "outcome": d.kind},
@@ -218,24 +307,22 @@ class Worker:
             self._count(d)
             if d.kind == "dead":
                 log.error("message sent to dead: %s", d.error, extra=fields)
-            elif d.kind in ("retry", "broker_unavailable"):
+            elif d.kind == "retry":
                 log.info("message rescheduled in %.1fs: %s", d.delay_s, d.error, extra=fields)
             elif d.kind == "defer":
                 log.info("message deferred for %.1fs: %s", d.delay_s, d.error, extra=fields)
 
     def _count(self, d: Decision) -> None:
-        if d.kind == "published":
-            self.stats.published += 1
-        elif d.kind == "retry":
-            self.stats.retried += 1
-        elif d.kind == "defer":
-            self.stats.deferred += 1
-        elif d.kind == "dead":
-            self.stats.dead += 1
-        elif d.kind == "released":
-            self.stats.released += 1
-        else:
-            self.stats.broker_unavailable += 1
+        outcome = {
+            "published": "published",
+            "retry": "retried",
+            "defer": "deferred",
+            "dead": "dead",
+            "released": "released",
+            "broker_unavailable": "broker_unavailable",
+        }[d.kind]
+        setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+        self.metrics.messages(d.message.event_type, outcome)
 
 
 def _log_unclassified(outcomes: Sequence[Outcome]) -> None:

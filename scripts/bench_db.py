@@ -265,11 +265,11 @@ async def claim_latency_relay(dsn: str, samples: int, batch: int) -> list[float]
     out = []
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         # The first ingest offers the whole backlog once; claims after it are what we time.
-        await conn.execute(q["ingest"])
+        await conn.execute(q["ingest"], {"guard": True})
         await conn.commit()
         for _ in range(samples):
             started = time.perf_counter()
-            await conn.execute(q["ingest"])
+            await conn.execute(q["ingest"], {"guard": True})
             await conn.execute(q["reap_expired"], params)
             cur = await conn.execute(q["claim_ordered"], params)
             got = len(await cur.fetchall())

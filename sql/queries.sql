@@ -29,7 +29,7 @@ UPDATE {outbox} AS o
 RETURNING o.id, o.aggregate_id, o.event_type, o.lease_version, o.attempts, o.status;
 
 -- ingest --
--- Offer new ordered rows to the heads table, once every transaction that could still commit an earlier row has ended; one relay at a time.
+-- Offer new ordered rows to the heads table, once every transaction that could still commit an earlier row has ended (the commit-order guard); one relay at a time. Returns how many heads it set and how long the oldest row has been held back by a still-running transaction.
 WITH cursor AS (
     SELECT ingested_xid FROM {q_cursor} FOR UPDATE SKIP LOCKED
 ), horizon AS (
@@ -41,7 +41,7 @@ WITH cursor AS (
      WHERE o.status = 'pending'
        AND o.ordered
        AND o.xid >= (SELECT ingested_xid FROM cursor)
-       AND o.xid < (SELECT xid FROM horizon)
+       AND (o.xid < (SELECT xid FROM horizon) OR NOT %(guard)s)
      ORDER BY o.aggregate_id, o.xid, o.id
 ), offered AS (
     -- In aggregate order, like the heads trigger, so the two never deadlock.
@@ -53,11 +53,22 @@ WITH cursor AS (
            ready_at = excluded.ready_at
      WHERE h.head_id IS NULL
     RETURNING 1
+), advanced AS (
+    -- Without the guard, rows above the horizon are offered early and offered again
+    -- later (a no-op); the cursor itself never passes a still-running transaction.
+    UPDATE {q_cursor} AS c
+       SET ingested_xid = greatest(c.ingested_xid, (SELECT xid FROM horizon))
+      FROM cursor
+    RETURNING 1
 )
-UPDATE {q_cursor} AS c
-   SET ingested_xid = greatest(c.ingested_xid, horizon.xid)
-  FROM horizon, cursor
-RETURNING (SELECT count(*) FROM offered);
+SELECT (SELECT count(*) FROM offered) AS offered,
+       (SELECT extract(epoch FROM now() - min(o.created_at))::float8
+          FROM {outbox} AS o
+         WHERE %(guard)s
+           AND o.status = 'pending'
+           AND o.ordered
+           AND o.xid >= (SELECT xid FROM horizon)) AS held_back_s,
+       (SELECT count(*) FROM advanced) AS ran;
 
 -- claim_unordered --
 -- Lease a batch of ready rows of unordered event types (plain SKIP LOCKED).
@@ -116,18 +127,19 @@ RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text 
           true AS ordered;
 
 -- store_settings --
--- Store this relay's ordering map and wake-up setting (rows are routed by it when inserted); returns the previous values.
+-- Store this relay's ordering map, wake-up and commit-order-guard settings (rows are routed by the map when inserted); returns the previous map.
 WITH previous AS (
     SELECT ord_default, ord_names, unord_names, ord_patterns, unord_patterns, notify FROM {q_settings}
 )
 UPDATE {q_settings}
-   SET ord_default    = %(ord_default)s,
-       ord_names      = %(ord_names)s,
-       unord_names    = %(unord_names)s,
-       ord_patterns   = %(ord_patterns)s,
-       unord_patterns = %(unord_patterns)s,
-       notify         = %(notify)s,
-       updated_at     = now()
+   SET ord_default        = %(ord_default)s,
+       ord_names          = %(ord_names)s,
+       unord_names        = %(unord_names)s,
+       ord_patterns       = %(ord_patterns)s,
+       unord_patterns     = %(unord_patterns)s,
+       notify             = %(notify)s,
+       commit_order_guard = %(guard)s,
+       updated_at         = now()
   FROM previous
 RETURNING previous.ord_default, previous.ord_names, previous.unord_names, previous.ord_patterns,
           previous.unord_patterns, previous.notify;

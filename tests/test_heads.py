@@ -165,10 +165,10 @@ async def test_heads_ingest_is_idempotent(store: OutboxStore, db: Db, pool: Any)
     ids = db.insert([("a", "E", {}), ("a", "E", {}), ("b", "E", {})])
     async with pool.connection() as conn:
         for _ in range(3):
-            await conn.execute(store.query("ingest"))
+            await conn.execute(store.query("ingest"), {"guard": True})
         # rewind the cursor: offering the same rows again changes nothing
         await conn.execute(
             sql.SQL("UPDATE {} SET ingested_xid = '0'").format(sql.Identifier(db.names.schema, "outbox_cursor"))
         )
-        await conn.execute(store.query("ingest"))
+        await conn.execute(store.query("ingest"), {"guard": True})
     assert heads(db) == {"a": (ids[0], True), "b": (ids[2], True)}

@@ -1,0 +1,261 @@
+"""`relay explain AGGREGATE_ID`: why an aggregate's ordered messages are or are not moving.
+
+An ordered aggregate moves one message at a time: its head (named by ``<table>_heads``)
+is claimed, published and finished, then the next becomes the head. So "why is it stuck"
+is always a question about the head: dead (an operator must act), leased (in flight, or
+its worker died and the lease has to run out), backing off after a failure, ready and
+waiting for a worker, or not yet offered to the heads table at all. Unordered messages of
+the aggregate are reported beside it; they neither wait for the head nor hold it up.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from psycopg.rows import dict_row
+
+from relay.errors import ConfigError
+from relay.sqlnames import OutboxNames
+from relay.status import Conn, age_text, ops_query
+
+State = Literal["blocked", "in_flight", "lease_expired", "backing_off", "ready", "awaiting_ingest", "idle"]
+
+
+@dataclass(frozen=True)
+class HeadMessage:
+    """The message at the head of the aggregate's ordered sequence."""
+
+    id: int
+    event_type: str
+    status: str
+    attempts: int
+    last_error: str | None
+    available_at: datetime
+    lease_owner: str | None
+    lease_until: datetime | None
+    lease_version: int
+    created_at: datetime
+    resolution: str | None  # the last operator action on it ('retried'), if any
+    resolved_by: str | None
+    resolved_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Where an aggregate stands and why, by the database clock ``at``."""
+
+    aggregate_id: str
+    at: datetime
+    state: State
+    reason: str  # one sentence a person can act on
+    head: HeadMessage | None
+    next_eligible_at: datetime | None  # when the head may be claimed next; None: not by itself
+    waiting_behind: int  # ordered messages queued behind the head
+    not_yet_offered: int  # ordered messages no head names yet (ingest has not reached them)
+    held_by_open_transaction: int  # of those, how many wait for an older transaction to end
+    unordered_pending: int
+    unordered_processing: int
+    unordered_dead: int
+    hints: tuple[str, ...]  # commands or checks that move it on
+
+
+async def explain(conn: Conn, names: OutboxNames, aggregate_id: str) -> Explanation:
+    """Read the aggregate's head and the counts around it; ConfigError when nothing is known of it."""
+    params = {"aggregate_id": aggregate_id}
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(ops_query(names, "explain_head"), params)
+    h = await cur.fetchone()
+    await cur.execute(ops_query(names, "explain_ordered"), params)
+    o = await cur.fetchone()
+    await cur.execute(ops_query(names, "explain_unordered"), params)
+    u = await cur.fetchone()
+    if h is None or o is None or u is None:  # single-row SELECTs without FROM filters
+        raise RuntimeError("explain queries returned no row")
+    now: datetime = h["now"]
+    head = _head(h) if h["id"] is not None else None
+    unordered = (u["pending"], u["processing"], u["dead"])
+    if not h["has_heads_row"] and o["n"] == 0 and not any(unordered):
+        raise ConfigError(
+            f"aggregate {aggregate_id!r} not found in {names.qualified}: no unfinished messages and no ordered"
+            " history (an aggregate id is matched exactly)"
+        )
+    waiting_behind = o["n"] - 1 if head is not None else 0
+    not_offered = o["n"] if head is None else 0
+    held = o["above_horizon"] if head is None else 0
+    state, reason, next_at, hints = _diagnose(names, now, head, waiting_behind, not_offered, held)
+    return Explanation(
+        aggregate_id=aggregate_id,
+        at=now,
+        state=state,
+        reason=reason,
+        head=head,
+        next_eligible_at=next_at,
+        waiting_behind=waiting_behind,
+        not_yet_offered=not_offered,
+        held_by_open_transaction=held,
+        unordered_pending=unordered[0],
+        unordered_processing=unordered[1],
+        unordered_dead=unordered[2],
+        hints=hints,
+    )
+
+
+def _head(r: dict[str, Any]) -> HeadMessage:
+    return HeadMessage(
+        id=r["id"],
+        event_type=r["event_type"],
+        status=r["status"],
+        attempts=r["attempts"],
+        last_error=r["last_error"],
+        available_at=r["available_at"],
+        lease_owner=r["lease_owner"],
+        lease_until=r["lease_until"],
+        lease_version=r["lease_version"],
+        created_at=r["created_at"],
+        resolution=r["resolution"],
+        resolved_by=r["resolved_by"],
+        resolved_at=r["resolved_at"],
+    )
+
+
+def _target(names: OutboxNames) -> str:
+    """The ``--schema``/``--table`` flags a suggested command needs for this outbox."""
+    flags = []
+    if names.schema != "public":
+        flags += ["--schema", names.schema]
+    if names.table != "outbox":
+        flags += ["--table", names.table]
+    return (" " + shlex.join(flags)) if flags else ""
+
+
+def _diagnose(
+    names: OutboxNames,
+    now: datetime,
+    head: HeadMessage | None,
+    behind: int,
+    not_offered: int,
+    held: int,
+) -> tuple[State, str, datetime | None, tuple[str, ...]]:
+    queue = f"{behind:,} ordered message{'s' if behind != 1 else ''} behind it"
+    if head is None:
+        if not_offered == 0:
+            return "idle", "nothing waits: every ordered message of this aggregate is finished", None, ()
+        if held:
+            return (
+                "awaiting_ingest",
+                f"{not_offered:,} new ordered message(s) wait to become the head: {held:,} of them were written"
+                " while an older transaction was still open, and are offered once it ends",
+                None,
+                (
+                    "look for long-running transactions: SELECT pid, xact_start, state FROM pg_stat_activity"
+                    " WHERE backend_xid IS NOT NULL ORDER BY xact_start",
+                ),
+            )
+        return (
+            "awaiting_ingest",
+            f"{not_offered:,} new ordered message(s) wait to become the head; a running relay offers them on its"
+            " next claim",
+            None,
+            ("check that a relay is running: relay status",),
+        )
+    if head.status == "dead":
+        target = _target(names)
+        return (
+            "blocked",
+            f"the head message #{head.id} is dead, so the {queue} cannot move",
+            None,
+            (
+                f"relay dead retry {head.id}{target}    # deliver it again; the rest follow in order",
+                f"relay dead skip {head.id} --reason TEXT{target}    # give up on it; the next message moves up",
+            ),
+        )
+    if head.status == "processing":
+        assert head.lease_until is not None  # the table's lease check: processing rows hold a lease
+        if head.lease_until > now:
+            return (
+                "in_flight",
+                f"the head message #{head.id} is being published by {head.lease_owner} (lease_version"
+                f" {head.lease_version}); {queue} follow once it is finished",
+                head.lease_until,
+                (),
+            )
+        return (
+            "lease_expired",
+            f"the lease of {head.lease_owner} on the head message #{head.id} expired"
+            f" {age_text((now - head.lease_until).total_seconds())} ago (did that worker die?); the next claim of"
+            " any running relay takes it over",
+            head.lease_until,
+            ("check that a relay is running: relay status",),
+        )
+    if head.available_at > now:
+        return (
+            "backing_off",
+            f"the head message #{head.id} failed attempt {head.attempts} and waits"
+            f" {age_text((head.available_at - now).total_seconds())} before the next one",
+            head.available_at,
+            (),
+        )
+    return (
+        "ready",
+        f"the head message #{head.id} is ready to be claimed (for"
+        f" {age_text((now - head.available_at).total_seconds())}); it waits for a worker",
+        head.available_at,
+        ("if it stays ready, check that a relay is running and keeping up: relay status",),
+    )
+
+
+def render_text(e: Explanation, names: OutboxNames) -> str:
+    """The human view of ``e``."""
+    lines = [f"aggregate {e.aggregate_id!r} in {names.qualified}: {e.state.upper().replace('_', ' ')}", f"  {e.reason}"]
+    lines.append("")
+    h = e.head
+    if h is not None:
+        lines += [
+            f"  head          #{h.id}  {h.event_type}",
+            f"  status        {h.status}, {h.attempts} attempt{'s' if h.attempts != 1 else ''} used",
+            f"  last error    {h.last_error or '-'}",
+            f"  created       {h.created_at.isoformat(timespec='seconds')}"
+            f" ({age_text((e.at - h.created_at).total_seconds())} ago)",
+            f"  next eligible {_eligible(e)}",
+            f"  lease         {_lease(e)}",
+        ]
+        if h.resolution:
+            at = h.resolved_at.isoformat(timespec="seconds") if h.resolved_at else "?"
+            lines.append(f"  operator      {h.resolution} by {h.resolved_by} at {at}")
+        lines.append(f"  behind it     {e.waiting_behind:,} ordered message{'s' if e.waiting_behind != 1 else ''}")
+    else:
+        lines.append("  head          none")
+        lines.append(f"  not offered   {e.not_yet_offered:,} new ordered message(s)")
+    lines.append(
+        f"  unordered     {e.unordered_pending:,} pending, {e.unordered_processing:,} processing,"
+        f" {e.unordered_dead:,} dead (outside the ordered sequence: they neither wait nor block)"
+    )
+    if e.hints:
+        lines += ["", "  next steps"] + [f"    {hint}" for hint in e.hints]
+    return "\n".join(lines)
+
+
+def _eligible(e: Explanation) -> str:
+    h = e.head
+    assert h is not None
+    if h.status == "dead":
+        return "never by itself: a dead message waits for an operator"
+    if e.next_eligible_at is None:
+        return "-"
+    when = e.next_eligible_at.isoformat(timespec="seconds")
+    delta = (e.next_eligible_at - e.at).total_seconds()
+    if h.status == "processing":
+        suffix = "when the lease expires, if the worker has not finished it by then"
+        return f"{when} ({'in ' + age_text(delta) if delta > 0 else 'expired'}; {suffix})"
+    return f"{when} ({'in ' + age_text(delta) if delta > 0 else 'now'})"
+
+
+def _lease(e: Explanation) -> str:
+    h = e.head
+    assert h is not None
+    if h.lease_until is None:
+        return f"none (lease_version {h.lease_version})"
+    return f"{h.lease_owner} until {h.lease_until.isoformat(timespec='seconds')} (lease_version {h.lease_version})"

@@ -1,0 +1,162 @@
+"""Guards of ordered delivery and the loop's behaviour when the broker or the database fails."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from adapters.memory import STALL, InMemoryPublisher
+from relay import BrokerUnavailable
+from relay.breaker import CircuitBreaker
+from relay.ordering import OrderingMap
+from relay.runner import run_relay
+from relay.sqlnames import OutboxNames
+from relay.store import OutboxStore
+from tests.conftest import Db
+from tests.helpers import make_worker
+from tests.test_runner import settings_for, wait_until
+
+
+def test_the_database_refuses_two_ordered_messages_of_one_aggregate_in_flight(db: Db) -> None:
+    ids = db.insert([("a", "E", {}), ("a", "E", {})])
+    lease = sql.SQL(
+        "UPDATE {} SET status = 'processing', lease_until = now() + interval '1 minute' WHERE id = %s"
+    ).format(db.table)
+    db.conn.execute(lease, (ids[0],))
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        db.conn.execute(lease, (ids[1],))  # whatever a claim query got wrong, this cannot happen
+
+
+def test_unordered_messages_of_one_aggregate_may_all_be_in_flight(db: Db) -> None:
+    db.conn.execute(
+        sql.SQL("UPDATE {} SET ord_default = false").format(sql.Identifier(db.names.schema, "outbox_settings"))
+    )
+    db.insert([("a", "E", {}), ("a", "E", {})])
+    db.conn.execute(
+        sql.SQL("UPDATE {} SET status = 'processing', lease_until = now() + interval '1 minute'").format(db.table)
+    )
+    assert db.statuses() == {"processing": 2}
+
+
+async def test_publish_is_abandoned_before_the_lease_expires(store: OutboxStore, db: Db) -> None:
+    [oid] = db.insert([("a", "E", {})])
+    # A publish timeout longer than the lease allows (the CLI would refuse it); the lease
+    # deadline must still win: 1 s lease - 0.1 s margin.
+    worker, _ = make_worker(store, lambda m: STALL, lease=timedelta(seconds=1), publish_timeout=timedelta(seconds=30))
+    started = time.monotonic()
+    await worker.run_once()
+    elapsed = time.monotonic() - started
+    assert 0.7 < elapsed < 1.0
+    row = db.row(oid)
+    assert row["status"] == "pending"  # finalized by its own lease holder: not lost, not stale
+    assert "publish timed out" in row["last_error"]
+
+
+async def test_outage_stops_claims_spends_no_attempt_and_resumes(
+    pg_dsn: str, names: OutboxNames, db: Db, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    ids = db.insert((f"agg-{i}", "E", {"i": i}) for i in range(50))
+    broker_down = True
+    publisher = InMemoryPublisher(script=lambda m: BrokerUnavailable("queue q does not exist") if broker_down else None)
+    stop = asyncio.Event()
+    settings = settings_for(pg_dsn, names, workers=3, batch_size=10, max_attempts=2)
+    task = asyncio.create_task(run_relay(settings, publisher, stop))
+    await asyncio.sleep(3.0)  # an outage far longer than max_attempts=2 could survive unguarded
+    seen_during_outage = len(publisher.attempts)
+    rows = db.rows()
+    assert all(r["status"] == "pending" and r["attempts"] == 0 for r in rows)
+    # The breaker opened after the first refused batches: probes of one message follow, a
+    # handful a second, instead of every worker claiming full batches.
+    assert seen_during_outage < 3 * 10 + 20
+    broker_down = False
+    await wait_until(lambda: db.statuses() == {"done": 50}, timeout=15)
+    stop.set()
+    await task
+    assert sorted(publisher.delivered_ids()) == ids
+    assert all(r["attempts"] == 1 for r in db.rows())  # only the successful claim counted
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("broker unavailable, pausing claims" in m for m in messages) == 1
+    assert any("broker is back" in m for m in messages)
+
+
+async def test_breaker_probe_with_no_rows_keeps_it_open() -> None:
+    clock = [0.0]
+    breaker = CircuitBreaker(clock=lambda: clock[0])
+    stop = asyncio.Event()
+    assert await breaker.permit(stop) is None
+    breaker.record(unavailable=True, reason="down")
+    assert breaker.is_open
+    clock[0] += 10
+    assert await breaker.permit(stop) == 1  # this worker probes
+    breaker.record(unavailable=True, reason="down", probe=True)
+    clock[0] += 10
+    assert await breaker.permit(stop) == 1
+    breaker.record(unavailable=False, probe=True)
+    assert not breaker.is_open
+    assert await breaker.permit(stop) is None
+
+
+async def test_finalize_survives_killed_database_connections(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+    ids = db.insert((f"agg-{i}", "E", {}) for i in range(20))
+
+    def kill_relay_sessions(_: Any) -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'outbox-relay' AND pid <> pg_backend_pid()"
+            )
+
+    killed = {"done": False}
+
+    def script(m: Any) -> None:
+        if not killed["done"]:
+            killed["done"] = True
+            kill_relay_sessions(m)  # while the batch is "at the broker"
+        return None
+
+    publisher = InMemoryPublisher(script=script)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_relay(settings_for(pg_dsn, names, workers=2, batch_size=5), publisher, stop))
+    await wait_until(lambda: db.statuses() == {"done": 20}, timeout=20)
+    stop.set()
+    await task
+    assert killed["done"]
+    assert sorted(set(publisher.delivered_ids())) == ids
+    duplicates = len(publisher.delivered_ids()) - len(ids)
+    assert duplicates <= 5  # at most the batch in flight when the connections died
+
+
+async def test_held_back_age_is_reported_while_a_transaction_is_open(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn) as long_tx:
+        long_tx.execute("SELECT pg_current_xact_id()")
+        db.insert([("a", "E", {})])
+        await asyncio.sleep(0.3)
+        claim = await store.claim(owner="w", batch=5, lease=timedelta(seconds=30), max_attempts=3)
+        assert claim.messages == []
+        assert claim.held_back_s is not None and claim.held_back_s >= 0.3
+        long_tx.rollback()
+    claim = await store.claim(owner="w", batch=5, lease=timedelta(seconds=30), max_attempts=3)
+    assert len(claim.messages) == 1
+    assert claim.held_back_s is None
+
+
+async def test_commit_order_guard_can_be_turned_off(
+    make_store: Callable[..., Awaitable[OutboxStore]], db: Db, pg_dsn: str
+) -> None:
+    store = await make_store(OrderingMap())
+    await store.store_settings(commit_order_guard=False)
+    with psycopg.connect(pg_dsn) as long_tx:
+        long_tx.execute("SELECT pg_current_xact_id()")
+        [oid] = db.insert([("a", "E", {})])
+        claim = await store.claim(owner="w", batch=5, lease=timedelta(seconds=30), max_attempts=3)
+        assert [m.id for m in claim.messages] == [oid]  # not held back: the user locks aggregates
+        long_tx.rollback()
