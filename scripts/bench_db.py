@@ -300,29 +300,10 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] * 1000
 
 
-def latency_scenarios(dsn: str, *, samples: int, batch: int, history: int, hot: int, dead_heads: int) -> list[Row]:
-    ordering = OrderingMap(default_ordered=True)
-    results: dict[str, tuple[list[float], list[float]]] = {}
-
-    reset(dsn, ordering)
-    fill(dsn, rows=1000, aggregates=1000)
-    results["fresh"] = (
-        asyncio.run(claim_latency_relay(dsn, samples, batch)),
-        asyncio.run(claim_latency_baseline(dsn, samples, batch)),
-    )
-
-    reset(dsn, ordering)
-    fill(dsn, rows=history, aggregates=10_000, status="done")
-    fill(dsn, rows=1000, aggregates=1000)
-    results[f"{history:,} done rows"] = (
-        asyncio.run(claim_latency_relay(dsn, samples, batch)),
-        asyncio.run(claim_latency_baseline(dsn, samples, batch)),
-    )
-
-    reset(dsn, ordering)
+def _hot_backlog(dsn: str, hot: int) -> None:
+    """One aggregate's backlog of ``hot`` messages, written before everyone else's."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         for schema in (RELAY_SCHEMA, BASE_SCHEMA):
-            # One hot aggregate's backlog, written before the others' messages.
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
@@ -330,23 +311,19 @@ def latency_scenarios(dsn: str, *, samples: int, batch: int, history: int, hot: 
                 ).format(sql.Identifier(schema, "outbox")),
                 (hot,),
             )
-    fill(dsn, rows=1000, aggregates=1000)
-    results[f"1 aggregate with {hot:,} backlog + 1,000 aggs"] = (
-        asyncio.run(claim_latency_relay(dsn, samples, batch)),
-        asyncio.run(claim_latency_baseline(dsn, samples, batch)),
-    )
 
-    reset(dsn, ordering)
+
+def _dead_heads(dsn: str, aggregates: int) -> None:
+    """``aggregates`` aggregates, each a dead head with one message waiting behind it."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         for schema in (RELAY_SCHEMA, BASE_SCHEMA):
             t = sql.Identifier(schema, "outbox")
-            # Each blocked aggregate: a dead head and one message waiting behind it.
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
                     " SELECT 'order', 'blocked-' || (g %% %s), 'E', '{{}}' FROM generate_series(1, %s) AS g"
                 ).format(t),
-                (dead_heads, dead_heads * 2),
+                (aggregates, aggregates * 2),
             )
             conn.execute(
                 sql.SQL(
@@ -354,11 +331,26 @@ def latency_scenarios(dsn: str, *, samples: int, batch: int, history: int, hot: 
                     " (SELECT min(id) FROM {} GROUP BY aggregate_id)"
                 ).format(t, t)
             )
-    fill(dsn, rows=1000, aggregates=1000)
-    results[f"{dead_heads:,} aggregates blocked by a dead head + 1,000 aggs"] = (
-        asyncio.run(claim_latency_relay(dsn, samples, batch)),
-        asyncio.run(claim_latency_baseline(dsn, samples, batch)),
-    )
+
+
+def latency_scenarios(dsn: str, *, samples: int, batch: int, history: int, hot: int, dead_heads: int) -> list[Row]:
+    ordering = OrderingMap(default_ordered=True)
+    # Each scenario adds its load, then the same 1,000 ready aggregates every one shares.
+    setups: dict[str, Callable[[], None]] = {
+        "fresh": lambda: None,
+        f"{history:,} done rows": lambda: fill(dsn, rows=history, aggregates=10_000, status="done"),
+        f"1 aggregate with {hot:,} backlog + 1,000 aggs": lambda: _hot_backlog(dsn, hot),
+        f"{dead_heads:,} aggregates blocked by a dead head + 1,000 aggs": lambda: _dead_heads(dsn, dead_heads),
+    }
+    results: dict[str, tuple[list[float], list[float]]] = {}
+    for name, setup in setups.items():
+        reset(dsn, ordering)
+        setup()
+        fill(dsn, rows=1000, aggregates=1000)
+        results[name] = (
+            asyncio.run(claim_latency_relay(dsn, samples, batch)),
+            asyncio.run(claim_latency_baseline(dsn, samples, batch)),
+        )
 
     fresh_p50 = statistics.median(results["fresh"][0]) * 1000
     rows = []

@@ -104,10 +104,11 @@ WITH picked AS (
      LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED
 ), held AS (
+    -- An array, not a join: the planner then probes the primary key for each picked head
+    -- instead of hashing the whole heads table (10,000 blocked aggregates made it do that).
     UPDATE {q_heads} AS h
        SET ready_at = NULL
-      FROM picked
-     WHERE h.aggregate_id = picked.aggregate_id
+     WHERE h.aggregate_id = ANY (ARRAY(SELECT aggregate_id FROM picked))
 ), quiet AS (
     -- The heads are leased right here, so the heads trigger may skip this transaction's
     -- claims (the reaper ran before this, with the trigger on).

@@ -19,6 +19,10 @@ CREATE TABLE {q_settings} (
     ord_patterns   text[]  NOT NULL DEFAULT ARRAY[]::text[],
     unord_patterns text[]  NOT NULL DEFAULT ARRAY[]::text[],
     notify         boolean NOT NULL DEFAULT true,  -- wake idle relays on insert (LISTEN/NOTIFY)
+    -- Off only where every producer locks the aggregate before writing (relay start
+    -- --no-commit-order-guard): then a long-running transaction elsewhere no longer holds
+    -- back ordered delivery.
+    commit_order_guard boolean NOT NULL DEFAULT true,
     updated_at     timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO {q_settings} DEFAULT VALUES;
@@ -85,6 +89,10 @@ CREATE INDEX {n_unordered_ready_idx} ON {outbox} (available_at, id) WHERE status
 -- New ordered rows not yet offered to the heads table, by transaction.
 CREATE INDEX {n_ordered_new_idx} ON {outbox} (xid) WHERE status = 'pending' AND ordered;
 
+-- At most one message in flight per ordered aggregate, whatever any claim query does:
+-- a second ordered row of an aggregate cannot become 'processing' while one is.
+CREATE UNIQUE INDEX {n_one_in_flight_idx} ON {outbox} (aggregate_id) WHERE ordered AND status = 'processing';
+
 -- "The next unfinished ordered row of this aggregate", for advancing a head: the
 -- head-of-aggregate test of the design reference, in (xid, id) order.
 CREATE INDEX {n_aggregate_idx} ON {outbox} (aggregate_id, xid, id)
@@ -115,9 +123,8 @@ BEGIN
     -- Lock the heads this statement touched, in aggregate order (ingest locks in the same
     -- order, so the two cannot deadlock), and in a statement of their own, so that every
     -- statement below runs on a snapshot taken after any concurrent ingest of these
-    -- aggregates has committed.
-    -- (Written as a lateral lookup per changed row so that it stays an index probe: the
-    -- planner has no statistics for a transition table.)
+    -- aggregates has committed. (Written as a lateral lookup per changed row so that it
+    -- stays an index probe: the planner has no statistics for a transition table.)
     PERFORM 1
        FROM (SELECT DISTINCT n.aggregate_id, n.id
                FROM changed AS n
@@ -146,9 +153,14 @@ BEGIN
     END IF;
 
     -- A head that finished (done, or deleted): the next unfinished ordered row takes over,
-    -- or nothing does, and ingest offers the aggregate's next new row when it comes. Only
-    -- rows that no still-running transaction can precede qualify.
-    horizon := pg_snapshot_xmin(pg_current_snapshot());
+    -- or nothing does, and ingest offers the aggregate's next new row when it comes. With
+    -- the commit-order guard on, only rows that no still-running transaction can precede
+    -- qualify.
+    IF (SELECT s.commit_order_guard FROM {q_settings} AS s) THEN
+        horizon := pg_snapshot_xmin(pg_current_snapshot());
+    ELSE
+        horizon := pg_snapshot_xmax(pg_current_snapshot());  -- every committed row
+    END IF;
     UPDATE {q_heads} AS h
        SET head_id  = nxt.id,
            head_xid = nxt.xid,
