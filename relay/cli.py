@@ -141,6 +141,13 @@ def start_cmd(**cli_values: Any) -> None:
     asyncio.run(run())
 
 
+# The operator commands (status, explain, dead, prune) live in their own module, which
+# imports this one: registered here, after the commands they sit beside.
+from relay.cli_ops import register as _register_ops  # noqa: E402
+
+_register_ops(cli)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: one clear line and exit code 2 for bad input, never a traceback."""
     try:

@@ -374,9 +374,10 @@ def render_write(result: WriteResult) -> str:
         verb, detail, onward = "re-drove", "to pending (attempts reset, available now, in id order)", "resume in order"
     else:
         verb, detail, onward = "skipped", "(marked done without delivery)", "move on to their next message"
+    verb = verb.capitalize()
     if result.dry_run:
         verb = "dry run: would " + ("re-drive" if result.action == "retry" else "skip")
-    lines = [f"{verb[0].upper()}{verb[1:]} {noun} {detail}", f"  ids: {_ids_text(ids)}", f"  by: {result.by}"]
+    lines = [f"{verb} {noun} {detail}", f"  ids: {_ids_text(ids)}", f"  by: {result.by}"]
     if result.note:
         lines.append(f"  reason: {result.note}")
     if aggregates:
@@ -389,7 +390,7 @@ def render_write(result: WriteResult) -> str:
 def render_list(page: DeadPage, flt: DeadFilter) -> str:
     """`relay dead list` as a table, oldest id first."""
     if not page.messages:
-        return f"no dead messages match {flt.describe()}"
+        return "no dead messages" if flt.is_empty() else f"no dead messages match {flt.describe()}"
     at = page.at
     rows = [
         (
@@ -416,7 +417,7 @@ def render_list(page: DeadPage, flt: DeadFilter) -> str:
 def render_groups(groups: Sequence[DeadGroup], flt: DeadFilter) -> str:
     """`relay dead list --group`: one line per error fingerprint."""
     if not groups:
-        return f"no dead messages match {flt.describe()}"
+        return "no dead messages" if flt.is_empty() else f"no dead messages match {flt.describe()}"
     rows = [
         (
             g.key,

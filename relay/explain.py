@@ -139,7 +139,12 @@ def _diagnose(
     not_offered: int,
     held: int,
 ) -> tuple[State, str, datetime | None, tuple[str, ...]]:
-    queue = f"{behind:,} ordered message{'s' if behind != 1 else ''} behind it"
+    if behind == 0:
+        stuck, after = "nothing waits behind it yet, but every new ordered message of this aggregate will", ""
+    else:
+        queue = f"{behind:,} ordered message{'s' if behind != 1 else ''} behind it"
+        stuck = f"the {queue} cannot move"
+        after = f"; the {queue} follow{'s' if behind == 1 else ''} once it is finished"
     if head is None:
         if not_offered == 0:
             return "idle", "nothing waits: every ordered message of this aggregate is finished", None, ()
@@ -165,7 +170,7 @@ def _diagnose(
         target = _target(names)
         return (
             "blocked",
-            f"the head message #{head.id} is dead, so the {queue} cannot move",
+            f"the head message #{head.id} is dead, so {stuck}",
             None,
             (
                 f"relay dead retry {head.id}{target}    # deliver it again; the rest follow in order",
@@ -178,7 +183,7 @@ def _diagnose(
             return (
                 "in_flight",
                 f"the head message #{head.id} is being published by {head.lease_owner} (lease_version"
-                f" {head.lease_version}); {queue} follow once it is finished",
+                f" {head.lease_version}){after}",
                 head.lease_until,
                 (),
             )

@@ -113,7 +113,7 @@ async def prune(
         last_id=chunk["last_id"] or (after or None),
     )
     log.info(
-        "%s %d done and %d dead rows of %s older than %s in %d batches",
+        "%s %d done and %d dead rows of %s older than %s (%d batches)",
         "prune dry run: would delete" if dry_run else "pruned",
         done,
         dead,

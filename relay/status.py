@@ -242,7 +242,7 @@ def render_text(status: Status, names: OutboxNames, where: str) -> str:
     widest = max((n for _, n in histogram), default=0)
     for label, n in histogram:
         bar = "#" * (round(30 * n / widest) if widest else 0)
-        lines.append(f"    {label:>5}  {n:>10,}  {bar}")
+        lines.append(f"    {label:>5}  {n:>10,}  {bar}".rstrip())
     if status.by_event_type is not None:
         lines += ["", _event_type_table(status.by_event_type)]
     return "\n".join(lines)

@@ -1,0 +1,197 @@
+"""Prometheus metrics of one relay process, on a registry of its own.
+
+The dispatch loop reports what it does through the methods of :class:`RelayMetrics`
+(counts by event type and outcome, lost leases, claim and publish latency, the circuit
+breaker); :meth:`RelayMetrics.refresh_gauges` reads the outbox's state with the queries
+of `relay status` (partial indexes only, never the done history).
+
+Label values are bounded: outcomes and failure classes come from fixed sets, and event
+types, which come from the producers' data, are capped at ``max_event_types`` distinct
+values per process (the rest are counted as ``other``). Ids never become labels.
+
+Every relay process exports the same table-wide gauges; aggregate them with ``max``, not
+``sum``, across instances (see docs/operations.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from relay.message import Decision
+from relay.sqlnames import OutboxNames
+from relay.status import Conn, StatusSummary, read_summary
+
+OUTCOMES: Final = ("published", "retried", "deferred", "dead", "released", "broker_unavailable")
+# relay.message.Decision kinds that are spelled differently as outcomes.
+_KIND_OUTCOME: Final = {"retry": "retried", "defer": "deferred"}
+
+# Failure classes of relay.errors and the relay's own verdicts, for outbox_relay_failures_total.
+FAILURE_CLASSES: Final = (
+    "retryable",
+    "permanent",
+    "defer",
+    "broker_unavailable",
+    "timeout",
+    "unclassified",
+    "lease_expired",
+)
+
+# Distinct event types one process labels before folding the rest into "other": far above
+# what a real outbox carries, far below what would hurt Prometheus if a producer bug wrote
+# a fresh event type per message.
+MAX_EVENT_TYPES = 200
+OTHER = "other"
+
+# Claims are one short statement: milliseconds normally, seconds when the database struggles.
+CLAIM_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Publishes of a batch run up to the publish timeout (20 s by default), so the buckets reach past it.
+PUBLISH_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+
+QUEUE_STATUSES: Final = ("pending", "processing", "dead")
+
+
+class RelayMetrics:
+    """The relay's series on ``registry`` (a new :class:`CollectorRegistry` unless given).
+
+    Safe to call from every worker of a process: prometheus_client's metrics are thread-safe
+    and these methods do not await.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, max_event_types: int = MAX_EVENT_TYPES) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.max_event_types = max_event_types
+        self._event_types: set[str] = set()
+        r = self.registry
+        self.messages_total = Counter(
+            "outbox_relay_messages",
+            "Messages finalized, by event type and outcome (published, retried, deferred, dead, released,"
+            " broker_unavailable).",
+            ["event_type", "outcome"],
+            registry=r,
+        )
+        self.failures_total = Counter(
+            "outbox_relay_failures",
+            "Failed publishes by event type and failure class.",
+            ["event_type", "error_class"],
+            registry=r,
+        )
+        self.lost_leases_total = Counter(
+            "outbox_relay_lost_leases",
+            "Finalize writes refused because another claim had taken the message over (the lease ran out).",
+            registry=r,
+        )
+        self.reaped_total = Counter(
+            "outbox_relay_reaped",
+            "Messages whose lease expired on their last attempt and were sent to dead by the reaper.",
+            registry=r,
+        )
+        self.claim_seconds = Histogram(
+            "outbox_relay_claim_seconds", "Time one claim transaction took.", buckets=CLAIM_BUCKETS, registry=r
+        )
+        self.publish_seconds = Histogram(
+            "outbox_relay_publish_seconds", "Time one batch's publish took.", buckets=PUBLISH_BUCKETS, registry=r
+        )
+        self.queue_depth = Gauge(
+            "outbox_relay_queue_depth", "Unfinished messages in the outbox, by status.", ["status"], registry=r
+        )
+        self.expired_leases = Gauge(
+            "outbox_relay_expired_leases",
+            "Messages still processing whose lease has run out (their worker stalled or died).",
+            registry=r,
+        )
+        self.oldest_pending_age = Gauge(
+            "outbox_relay_oldest_pending_age_seconds",
+            "Age of the oldest message awaiting delivery (pending or processing); 0 when none waits.",
+            registry=r,
+        )
+        self.dead_messages = Gauge("outbox_relay_dead_messages", "Messages in dead status.", registry=r)
+        self.blocked_aggregates = Gauge(
+            "outbox_relay_blocked_aggregates",
+            "Ordered aggregates whose head message is dead, so nothing behind it moves.",
+            registry=r,
+        )
+        self.circuit_open = Gauge(
+            "outbox_relay_circuit_open", "1 while the broker circuit breaker is open, else 0.", registry=r
+        )
+        self.gauges_refreshed = Gauge(
+            "outbox_relay_gauges_refreshed_timestamp_seconds",
+            "When the outbox gauges were last read from the database (Unix time).",
+            registry=r,
+        )
+        # Export zeros from the start, so rate() and increase() see the first event.
+        for status in QUEUE_STATUSES:
+            self.queue_depth.labels(status=status)
+        self.circuit_open.set(0)
+
+    def event_type_label(self, event_type: str) -> str:
+        """``event_type`` itself, or ``other`` once ``max_event_types`` distinct ones were seen."""
+        if event_type in self._event_types:
+            return event_type
+        if len(self._event_types) >= self.max_event_types:
+            return OTHER
+        self._event_types.add(event_type)
+        return event_type
+
+    def messages(self, event_type: str, outcome: str, n: int = 1) -> None:
+        """Count ``n`` messages of ``event_type`` finalized with ``outcome`` (an outcome of
+        :data:`OUTCOMES`, or a :class:`relay.message.Decision` kind such as ``retry``)."""
+        outcome = _KIND_OUTCOME.get(outcome, outcome)
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
+        self.messages_total.labels(event_type=self.event_type_label(event_type), outcome=outcome).inc(n)
+
+    def decisions(self, decisions: Iterable[Decision], refused: Iterable[int] = ()) -> None:
+        """Count a finalized batch: each decision whose write was not refused (see
+        :meth:`relay.store.OutboxStore.finalize`); each refused id is a lost lease."""
+        lost = set(refused)
+        for d in decisions:
+            if d.message.id in lost:
+                self.lost_lease()
+            else:
+                self.messages(d.message.event_type, d.kind)
+
+    def failure(self, event_type: str, error_class: str, n: int = 1) -> None:
+        """Count ``n`` failed publishes of ``event_type`` by class (one of :data:`FAILURE_CLASSES`)."""
+        if error_class not in FAILURE_CLASSES:
+            raise ValueError(f"unknown failure class {error_class!r}: expected one of {', '.join(FAILURE_CLASSES)}")
+        self.failures_total.labels(event_type=self.event_type_label(event_type), error_class=error_class).inc(n)
+
+    def lost_lease(self, n: int = 1) -> None:
+        """Count finalize writes refused by the fence."""
+        self.lost_leases_total.inc(n)
+
+    def reaped(self, n: int = 1) -> None:
+        """Count messages the reaper sent to dead (lease expired on the last attempt)."""
+        self.reaped_total.inc(n)
+
+    def observe_claim(self, seconds: float) -> None:
+        """Record how long one claim took."""
+        self.claim_seconds.observe(seconds)
+
+    def observe_publish(self, seconds: float) -> None:
+        """Record how long one batch's publish took."""
+        self.publish_seconds.observe(seconds)
+
+    def set_circuit_open(self, is_open: bool) -> None:
+        """Export the broker circuit breaker's state (1 open, 0 closed)."""
+        self.circuit_open.set(1 if is_open else 0)
+
+    def set_status(self, summary: StatusSummary) -> None:
+        """Set the outbox gauges from a status summary."""
+        self.queue_depth.labels(status="pending").set(summary.pending)
+        self.queue_depth.labels(status="processing").set(summary.processing)
+        self.queue_depth.labels(status="dead").set(summary.dead)
+        self.expired_leases.set(summary.expired_leases)
+        self.oldest_pending_age.set(summary.oldest_waiting_age_s or 0.0)
+        self.dead_messages.set(summary.dead)
+        self.blocked_aggregates.set(summary.blocked_aggregates)
+        self.gauges_refreshed.set(summary.at.timestamp())
+
+    async def refresh_gauges(self, conn: Conn, names: OutboxNames) -> StatusSummary:
+        """Read the outbox's state (the `relay status` summary) and set the gauges from it."""
+        summary = await read_summary(conn, names)
+        self.set_status(summary)
+        return summary

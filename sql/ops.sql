@@ -1,0 +1,242 @@
+-- The operator tools' statements (relay status, explain, dead, prune, and the metrics'
+-- gauges and readiness probe), one per `-- name --` header with a one-line description,
+-- loaded beside queries.sql by relay.sqlfiles. Placeholders as in queries.sql; values are
+-- always bound parameters.
+--
+-- A table that keeps history holds millions of done rows, so nothing here reads them by a
+-- scan: unfinished rows are reached only through the claim's partial indexes, each subset
+-- spelled with its index's exact predicate so the planner can use it:
+--   status = 'pending' AND NOT ordered  <table>_unordered_ready_idx
+--   status = 'pending' AND ordered      <table>_ordered_new_idx
+--   status = 'processing'               <table>_leased_idx
+--   status = 'dead'                     <table>_dead_idx (0003)
+--   ordered AND status IN (...)         <table>_aggregate_idx, by aggregate
+-- and done rows only through the primary key, a chunk at a time (prune).
+
+-- status_summary --
+-- Counts of unfinished rows, oldest waiting message, expired leases, dead heads blocking their aggregates and the table's size, for `relay status` and the gauges; done is an estimate.
+WITH unordered AS (
+    SELECT count(*) AS n, min(created_at) AS oldest
+      FROM {outbox}
+     WHERE status = 'pending' AND NOT ordered
+), ordered_pending AS (
+    SELECT count(*) AS n, min(created_at) AS oldest
+      FROM {outbox}
+     WHERE status = 'pending' AND ordered
+), leased AS (
+    SELECT count(*) AS n, count(*) FILTER (WHERE lease_until < now()) AS expired, min(created_at) AS oldest
+      FROM {outbox}
+     WHERE status = 'processing'
+), dead AS (
+    SELECT count(*) AS n, min(created_at) AS oldest
+      FROM {outbox}
+     WHERE status = 'dead'
+), blocked AS (
+    -- From the dead rows (few) to their heads rows (primary key), never across all heads:
+    -- the heads table keeps a row for every aggregate ever seen.
+    SELECT count(*) AS n, min(o.created_at) AS oldest, coalesce(sum(w.behind), 0) AS behind
+      FROM {outbox} AS o
+      JOIN {q_heads} AS h ON h.aggregate_id = o.aggregate_id AND h.head_id = o.id
+     CROSS JOIN LATERAL (
+            SELECT count(*) - 1 AS behind
+              FROM {outbox} AS b
+             WHERE b.aggregate_id = o.aggregate_id
+               AND b.ordered
+               AND b.status IN ('pending', 'processing', 'dead')
+           ) AS w
+     WHERE o.status = 'dead'
+), rel AS (
+    SELECT c.oid
+      FROM pg_class AS c
+      JOIN pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE n.nspname = %(schema)s AND c.relname = %(table)s
+)
+SELECT now() AS now,
+       unordered.n AS pending_unordered,
+       ordered_pending.n AS pending_ordered,
+       leased.n AS processing,
+       leased.expired AS expired_leases,
+       dead.n AS dead,
+       least(unordered.oldest, ordered_pending.oldest, leased.oldest) AS oldest_waiting_at,
+       dead.oldest AS oldest_dead_at,
+       blocked.n AS blocked_aggregates,
+       blocked.oldest AS oldest_blocked_at,
+       blocked.behind AS waiting_behind_blocked,
+       -- The statistics system's live-row count (kept current by inserts and deletes,
+       -- corrected by every vacuum and analyze) minus the exact unfinished counts.
+       (SELECT pg_stat_get_live_tuples(rel.oid) FROM rel) AS live_estimate,
+       (SELECT pg_total_relation_size(rel.oid) FROM rel) AS total_bytes
+  FROM unordered, ordered_pending, leased, dead, blocked;
+
+-- status_attempts --
+-- How many attempts the messages awaiting delivery (pending and processing) have used so far, as attempts -> count.
+SELECT u.attempts, count(*) AS n
+  FROM (
+        SELECT attempts FROM {outbox} WHERE status = 'pending' AND NOT ordered
+        UNION ALL
+        SELECT attempts FROM {outbox} WHERE status = 'pending' AND ordered
+        UNION ALL
+        SELECT attempts FROM {outbox} WHERE status = 'processing'
+       ) AS u
+ GROUP BY u.attempts
+ ORDER BY u.attempts;
+
+-- status_by_event_type --
+-- Unfinished rows per event type and status, with the oldest of each, for `relay status --by-event-type`.
+SELECT u.event_type, u.status, count(*) AS n, min(u.created_at) AS oldest,
+       count(*) FILTER (WHERE u.status = 'processing' AND u.lease_until < now()) AS expired
+  FROM (
+        SELECT event_type, status, created_at, lease_until FROM {outbox} WHERE status = 'pending' AND NOT ordered
+        UNION ALL
+        SELECT event_type, status, created_at, lease_until FROM {outbox} WHERE status = 'pending' AND ordered
+        UNION ALL
+        SELECT event_type, status, created_at, lease_until FROM {outbox} WHERE status = 'processing'
+        UNION ALL
+        SELECT event_type, status, created_at, lease_until FROM {outbox} WHERE status = 'dead'
+       ) AS u
+ GROUP BY u.event_type, u.status
+ ORDER BY u.event_type, u.status;
+
+-- explain_head --
+-- An aggregate's heads row and the message it names, with the database clock and whether that message's transaction is still ahead of the ingest horizon.
+SELECT now() AS now,
+       h.aggregate_id IS NOT NULL AS has_heads_row,
+       h.head_id, h.ready_at,
+       o.id, o.event_type, o.status, o.attempts, o.last_error, o.available_at, o.lease_owner,
+       o.lease_until, o.lease_version, o.created_at, o.ordered,
+       o.resolution, o.resolved_by, o.resolved_at, o.resolved_note
+  FROM (SELECT %(aggregate_id)s::text AS aggregate_id) AS a
+  LEFT JOIN {q_heads} AS h ON h.aggregate_id = a.aggregate_id
+  LEFT JOIN {outbox} AS o ON o.id = h.head_id;
+
+-- explain_ordered --
+-- An aggregate's unfinished ordered rows by status, and how many are held back by a transaction still open (not yet offered to the heads table).
+SELECT count(*) AS n,
+       count(*) FILTER (WHERE status = 'pending') AS pending,
+       count(*) FILTER (WHERE status = 'processing') AS processing,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       -- Held back by the commit-order guard (when on): an older transaction is still open.
+       count(*) FILTER (WHERE xid >= pg_snapshot_xmin(pg_current_snapshot())
+                          AND (SELECT s.commit_order_guard FROM {q_settings} AS s)) AS above_horizon
+  FROM {outbox}
+ WHERE aggregate_id = %(aggregate_id)s
+   AND ordered
+   AND status IN ('pending', 'processing', 'dead');
+
+-- explain_unordered --
+-- An aggregate's unfinished unordered rows by status (through the claim's partial indexes: a scan of that backlog, never of the history).
+SELECT (SELECT count(*) FROM {outbox}
+         WHERE status = 'pending' AND NOT ordered AND aggregate_id = %(aggregate_id)s) AS pending,
+       (SELECT count(*) FROM {outbox}
+         WHERE status = 'processing' AND NOT ordered AND aggregate_id = %(aggregate_id)s) AS processing,
+       (SELECT count(*) FROM {outbox}
+         WHERE status = 'dead' AND NOT ordered AND aggregate_id = %(aggregate_id)s) AS dead;
+
+-- dead_list --
+-- Dead messages matching the filters (each filter NULL when not given), in id order, with the total count of matches and whether each is the head blocking its aggregate.
+SELECT o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.attempts, o.created_at, o.last_error,
+       o.ordered, o.lease_version, o.resolution, o.resolved_by, o.resolved_at,
+       EXISTS (SELECT 1 FROM {q_heads} AS h WHERE h.aggregate_id = o.aggregate_id AND h.head_id = o.id) AS blocking,
+       count(*) OVER () AS total,
+       now() AS now
+  FROM {outbox} AS o
+ WHERE o.status = 'dead'
+   AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY (%(event_types)s::text[]))
+   AND (%(aggregate_id)s::text IS NULL OR o.aggregate_id = %(aggregate_id)s::text)
+   AND (%(error)s::text IS NULL OR strpos(lower(coalesce(o.last_error, '')), lower(%(error)s::text)) > 0)
+   AND (%(created_after)s::timestamptz IS NULL OR o.created_at >= %(created_after)s::timestamptz)
+   AND (%(created_before)s::timestamptz IS NULL OR o.created_at < %(created_before)s::timestamptz)
+ ORDER BY o.id
+ LIMIT %(limit)s;
+
+-- dead_lock --
+-- Lock the given rows in id order (the order every re-drive and skip takes its locks in, so two operators cannot deadlock) and return their state, to refuse unknown or not-dead ids before anything changes.
+SELECT id, status, aggregate_id, event_type, lease_version, ordered
+  FROM {outbox}
+ WHERE id = ANY (%(ids)s::bigint[])
+ ORDER BY id
+   FOR UPDATE;
+
+-- dead_retry --
+-- Re-drive dead rows: back to pending with attempts reset, available now (one timestamp, so the claims take them in id order), fenced by status = 'dead'; last_error is kept for the record.
+UPDATE {outbox}
+   SET status        = 'pending',
+       attempts      = 0,
+       available_at  = now(),
+       resolution    = 'retried',
+       resolved_by   = %(by)s,
+       resolved_at   = now(),
+       resolved_note = %(note)s
+ WHERE id = ANY (%(ids)s::bigint[])
+   AND status = 'dead'
+RETURNING id, aggregate_id, event_type, lease_version, ordered;
+
+-- dead_skip --
+-- Mark dead rows finished without delivery, recording who and why, fenced by status = 'dead'; the heads trigger moves each aggregate on to its next message.
+UPDATE {outbox}
+   SET status        = 'done',
+       done_at       = now(),
+       resolution    = 'skipped',
+       resolved_by   = %(by)s,
+       resolved_at   = now(),
+       resolved_note = %(note)s
+ WHERE id = ANY (%(ids)s::bigint[])
+   AND status = 'dead'
+RETURNING id, aggregate_id, event_type, lease_version, ordered;
+
+-- prune_cutoff --
+-- The prune cutoff by the database clock, fixed once per run so every chunk applies the same one.
+SELECT now() - %(older_than)s::interval AS cutoff;
+
+-- prune_chunk --
+-- Delete the finished rows older than the cutoff among the next chunk of ids (one short statement); reports the chunk's last id and whether every row of it was created after the cutoff.
+WITH chunk AS (
+    SELECT id, status, created_at, done_at
+      FROM {outbox}
+     WHERE id > %(after_id)s
+     ORDER BY id
+     LIMIT %(batch)s
+), doomed AS (
+    SELECT id
+      FROM chunk
+     WHERE (status = 'done' AND done_at < %(cutoff)s)
+        OR (%(include_dead)s AND status = 'dead' AND created_at < %(cutoff)s)
+), deleted AS (
+    -- The condition again on the row itself: a row changed since the chunk was read (a
+    -- dead row re-driven meanwhile) is re-checked in its new version and kept.
+    DELETE FROM {outbox} AS o
+     USING doomed
+     WHERE o.id = doomed.id
+       AND ((o.status = 'done' AND o.done_at < %(cutoff)s)
+            OR (%(include_dead)s AND o.status = 'dead' AND o.created_at < %(cutoff)s))
+    RETURNING o.status
+)
+SELECT (SELECT count(*) FROM chunk) AS scanned,
+       (SELECT max(id) FROM chunk) AS last_id,
+       coalesce((SELECT bool_and(created_at >= %(cutoff)s) FROM chunk), true) AS all_newer,
+       (SELECT count(*) FILTER (WHERE status = 'done') FROM deleted) AS done,
+       (SELECT count(*) FILTER (WHERE status = 'dead') FROM deleted) AS dead;
+
+-- prune_chunk_count --
+-- What prune_chunk would delete in the next chunk of ids, counted instead of deleted (prune --dry-run).
+WITH chunk AS (
+    SELECT id, status, created_at, done_at
+      FROM {outbox}
+     WHERE id > %(after_id)s
+     ORDER BY id
+     LIMIT %(batch)s
+)
+SELECT count(*) AS scanned,
+       max(id) AS last_id,
+       coalesce(bool_and(created_at >= %(cutoff)s), true) AS all_newer,
+       count(*) FILTER (WHERE status = 'done' AND done_at < %(cutoff)s) AS done,
+       count(*) FILTER (WHERE %(include_dead)s AND status = 'dead' AND created_at < %(cutoff)s) AS dead
+  FROM chunk;
+
+-- ops_migrated --
+-- Whether the operator tools' migration (0003_ops) has been applied to this outbox.
+SELECT EXISTS (SELECT 1 FROM {q_migrations} WHERE version = 3);
+
+-- ready_probe --
+-- Readiness: the database answers and the outbox table is there and readable.
+SELECT 1 FROM {outbox} LIMIT 0;
