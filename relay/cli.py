@@ -17,6 +17,7 @@ from relay import logs
 from relay.config import (
     CORE_OPTIONS,
     LOG_OPTIONS,
+    OPERATE_OPTIONS,
     START_OPTIONS,
     Option,
     RelaySettings,
@@ -32,7 +33,7 @@ from relay.errors import ConfigError, DatabaseUnavailable
 from relay.migrate import migrate as apply_migrations
 
 BROKER_OPTIONS = broker_options()
-ALL_OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
+ALL_OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
 EXIT_USAGE = 2
 
 F = Callable[..., Any]
@@ -108,14 +109,14 @@ def migrate_cmd(**cli_values: Any) -> None:
     asyncio.run(run())
 
 
-START_ALL = (*CORE_OPTIONS, *START_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
+START_ALL = (*CORE_OPTIONS, *START_OPTIONS, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
 
 
 @cli.command("start")
 @with_options(START_ALL)
 def start_cmd(**cli_values: Any) -> None:
     """Deliver outbox rows to the broker until SIGINT or SIGTERM."""
-    from relay.runner import run_relay
+    from relay.runner import Operations, run_relay
 
     values = settings_for(START_ALL, cli_values)
     logs.configure(values["log_level"], values["log_format"])
@@ -136,7 +137,7 @@ def start_cmd(**cli_values: Any) -> None:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
-        await run_relay(settings, publisher, stop)
+        await run_relay(settings, publisher, stop, operate=Operations.from_values(values))
 
     asyncio.run(run())
 

@@ -183,6 +183,25 @@ START_OPTIONS: tuple[Option, ...] = (
     ),
 )
 
+OPERATE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "metrics_port",
+        "int",
+        None,
+        "Serve /metrics, /healthz and /readyz on this port (off if unset).",
+        minimum=0,
+        maximum=65535,
+    ),
+    Option("metrics_host", "str", "0.0.0.0", "Address the metrics endpoint listens on."),
+    Option(
+        "prune_older_than",
+        "duration",
+        None,
+        "Delete done rows older than this, on a schedule (off if unset; see relay prune).",
+    ),
+    Option("prune_interval", "duration", "1h", "How often the scheduled prune runs."),
+)
+
 LOG_OPTIONS: tuple[Option, ...] = (
     Option(
         "log_level",

@@ -57,6 +57,23 @@ class Policy:
         return Decision.dead(message, f"unclassified publisher error (adapter bug?): {describe(outcome)}")
 
 
+def failure_class(exc: BaseException) -> str:
+    """The failure class of an outcome, as the metrics label it."""
+    if isinstance(exc, BrokerUnavailable):
+        return "broker_unavailable"
+    if isinstance(exc, Defer):
+        return "defer"
+    if isinstance(exc, PermanentError):
+        return "permanent"
+    if isinstance(exc, RetryableError):
+        return "timeout" if str(exc).startswith(TIMEOUT_PREFIX) else "retryable"
+    return "unclassified"
+
+
+# The worker's own RetryableError for an abandoned publish starts with this.
+TIMEOUT_PREFIX = "publish timed out"
+
+
 def is_classified(exc: BaseException) -> bool:
     return isinstance(exc, RetryableError | PermanentError | Defer | BrokerUnavailable)
 

@@ -1,4 +1,5 @@
-"""Runs a process's workers until told to stop, then drains them."""
+"""Runs a process's workers until told to stop, then drains them; and beside them the
+wake-up listener, the metrics endpoint, the gauge refresher and the scheduled prune."""
 
 from __future__ import annotations
 
@@ -6,24 +7,53 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from adapters.base import Publisher
 from relay.breaker import CircuitBreaker
 from relay.config import RelaySettings
-from relay.db import check_schema, open_pool
+from relay.db import check_schema, connect, open_pool
+from relay.errors import DatabaseUnavailable
+from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
 from relay.wakeup import listen
 from relay.worker import Worker, WorkerStats
 
 log = logging.getLogger("relay.runner")
 
+# The queue-depth and oldest-age gauges are read from the table this often: cheap queries
+# (partial indexes only), and Prometheus scrapes every 15 to 60 s anyway.
+GAUGE_REFRESH_S = 15.0
+
 
 @dataclass(frozen=True)
 class RunResult:
     stats: list[WorkerStats]
+
+
+@dataclass(frozen=True)
+class Operations:
+    """What `relay start` runs beside the workers; all off by default."""
+
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    prune_older_than: timedelta | None = None
+    prune_interval: timedelta = timedelta(hours=1)
+
+    @classmethod
+    def from_values(cls, v: Mapping[str, Any]) -> Operations:
+        return cls(
+            metrics_port=v.get("metrics_port"),
+            metrics_host=v.get("metrics_host") or "0.0.0.0",
+            prune_older_than=v.get("prune_older_than"),
+            prune_interval=v.get("prune_interval") or timedelta(hours=1),
+        )
 
 
 def owner_prefix() -> str:
@@ -35,13 +65,16 @@ async def run_relay(
     settings: RelaySettings,
     publisher: Publisher,
     stop: asyncio.Event,
+    *,
+    operate: Operations | None = None,
 ) -> RunResult:
     """Dispatch with ``settings.workers`` workers until ``stop`` is set.
 
     On stop, workers finish the batch in hand; whatever is still publishing after
-    ``settings.shutdown_grace`` is cancelled, and its rows are handed back without spending an
-    attempt. An unexpected error in one worker stops the others and is raised.
+    ``settings.shutdown_grace`` is cancelled, and its rows are handed back without
+    spending an attempt. An unexpected error in one worker stops the others and is raised.
     """
+    operate = operate or Operations()
     # One connection per worker plus one spare: a worker holds at most one at a time.
     pool = await open_pool(settings.dsn, size=settings.workers + 1)
     try:
@@ -57,35 +90,121 @@ async def run_relay(
             )
         await publisher.start()
         try:
-            prefix = owner_prefix()
-            breaker = CircuitBreaker()  # one per process: an outage pauses every worker
-            workers = [
-                Worker(store=store, publisher=publisher, owner=f"{prefix}:{i}", config=settings.worker, breaker=breaker)
-                for i in range(settings.workers)
-            ]
-            background = []
-            if settings.notify:
-                background.append(
-                    asyncio.create_task(listen(settings.dsn, settings.names, [w.wakeup for w in workers], stop))
-                )
-            log.info(
-                "relay started: %d workers, broker %s, outbox %s, ordering %s",
-                len(workers),
-                publisher.name,
-                settings.names.qualified,
-                settings.ordering.describe(),
-            )
-            try:
-                await _supervise([asyncio.create_task(w.run(stop)) for w in workers], stop, settings.shutdown_grace)
-            finally:
-                for task in background:
-                    task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
-            return RunResult(stats=[w.stats for w in workers])
+            return await _run(settings, operate, publisher, store, pool, stop)
         finally:
             await publisher.close()
     finally:
         await pool.close()
+
+
+async def _run(
+    settings: RelaySettings,
+    operate: Operations,
+    publisher: Publisher,
+    store: OutboxStore,
+    pool: AsyncConnectionPool[Any],
+    stop: asyncio.Event,
+) -> RunResult:
+    metrics = None
+    if operate.metrics_port is not None:
+        from relay.metrics import RelayMetrics  # prometheus-client only when asked for
+
+        metrics = RelayMetrics()
+    breaker = CircuitBreaker(on_change=metrics.set_circuit_open if metrics else None)  # one per process
+    prefix = owner_prefix()
+    workers = [
+        Worker(
+            store=store,
+            publisher=publisher,
+            owner=f"{prefix}:{i}",
+            config=settings.worker,
+            breaker=breaker,
+            metrics=metrics,
+        )
+        for i in range(settings.workers)
+    ]
+    background: list[asyncio.Task[None]] = []
+    server: asyncio.Server | None = None
+    if settings.notify:
+        background.append(asyncio.create_task(listen(settings.dsn, settings.names, [w.wakeup for w in workers], stop)))
+    if metrics is not None and operate.metrics_port is not None:
+        from relay.httpd import all_ready, pool_check, serve
+
+        async def broker_ready() -> tuple[bool, str]:
+            if breaker.is_open:
+                return False, f"broker: {breaker.reason or 'unavailable'}"
+            return True, "broker accepting messages"
+
+        ready = all_ready(pool_check(pool, settings.names), broker_ready)
+        server = await serve(operate.metrics_port, metrics.registry, ready, host=operate.metrics_host)
+        log.info(
+            "metrics and health on %s:%d (/metrics, /healthz, /readyz)", operate.metrics_host, operate.metrics_port
+        )
+        background.append(
+            asyncio.create_task(
+                _every(stop, GAUGE_REFRESH_S, "gauge refresh", lambda: _refresh_gauges(metrics, pool, settings))
+            )
+        )
+    if operate.prune_older_than is not None:
+        older_than = operate.prune_older_than
+        background.append(
+            asyncio.create_task(
+                _every(
+                    stop,
+                    operate.prune_interval.total_seconds(),
+                    "scheduled prune",
+                    lambda: _prune(settings, older_than),
+                )
+            )
+        )
+    log.info(
+        "relay started: %d workers, broker %s, outbox %s, ordering %s",
+        len(workers),
+        publisher.name,
+        settings.names.qualified,
+        settings.ordering.describe(),
+    )
+    try:
+        await _supervise([asyncio.create_task(w.run(stop)) for w in workers], stop, settings.shutdown_grace)
+    finally:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+    return RunResult(stats=[w.stats for w in workers])
+
+
+async def _refresh_gauges(metrics: Any, pool: AsyncConnectionPool[Any], settings: RelaySettings) -> None:
+    async with pool.connection() as conn:
+        await metrics.refresh_gauges(conn, settings.names)
+
+
+async def _prune(settings: RelaySettings, older_than: timedelta) -> None:
+    from relay.prune import prune
+
+    # A connection of its own: a first prune of a long history can take minutes, and
+    # must not hold a pool slot a worker needs.
+    conn = await connect(settings.dsn)
+    async with conn:
+        result = await prune(conn, settings.names, older_than)
+    log.info(
+        "scheduled prune removed %d done rows older than %s in %d batches",
+        result.done,
+        older_than,
+        result.batches,
+    )
+
+
+async def _every(stop: asyncio.Event, seconds: float, what: str, job: Callable[[], Awaitable[None]]) -> None:
+    """Run ``job`` now and then every ``seconds`` until ``stop``; a failure is logged, not fatal."""
+    while not stop.is_set():
+        try:
+            await job()
+        except (psycopg.Error, DatabaseUnavailable, OSError) as exc:
+            log.warning("%s failed, trying again in %.0fs: %s", what, seconds, str(exc).strip().splitlines()[0])
+        await sleep_unless_stopped(stop, seconds)
 
 
 async def _supervise(tasks: Sequence[asyncio.Task[None]], stop: asyncio.Event, grace: timedelta) -> None:

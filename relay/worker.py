@@ -19,7 +19,7 @@ import psycopg
 from adapters.base import Outcome, Publisher
 from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
-from relay.decide import Policy, describe, is_classified
+from relay.decide import TIMEOUT_PREFIX, Policy, describe, failure_class, is_classified
 from relay.errors import BrokerUnavailable, RetryableError
 from relay.message import Decision, OutboxMessage
 from relay.sleep import sleep_unless_stopped
@@ -72,7 +72,11 @@ class MetricsSink(Protocol):
 
     def messages(self, event_type: str, outcome: str, n: int = 1) -> None: ...
 
+    def failure(self, event_type: str, error_class: str, n: int = 1) -> None: ...
+
     def lost_lease(self) -> None: ...
+
+    def reaped(self) -> None: ...
 
     def observe_claim(self, seconds: float) -> None: ...
 
@@ -83,7 +87,13 @@ class NoMetrics:
     def messages(self, event_type: str, outcome: str, n: int = 1) -> None:
         pass
 
+    def failure(self, event_type: str, error_class: str, n: int = 1) -> None:
+        pass
+
     def lost_lease(self) -> None:
+        pass
+
+    def reaped(self) -> None:
         pass
 
     def observe_claim(self, seconds: float) -> None:
@@ -214,6 +224,9 @@ class Worker:
         decisions = [
             self.config.policy.decide(m, o, broker_failures=failures) for m, o in zip(messages, outcomes, strict=True)
         ]
+        for m, o in zip(messages, outcomes, strict=True):
+            if o is not None:
+                self.metrics.failure(m.event_type, failure_class(o))
         _log_unclassified(outcomes)
         # Shielded: once the broker has the messages, a cancellation (shutdown) must not
         # lose the write that records it.
@@ -230,7 +243,9 @@ class Worker:
             }
             if row.status == "dead":
                 self.stats.reaped += 1
+                self.metrics.reaped()
                 self.metrics.messages(row.event_type, "dead")
+                self.metrics.failure(row.event_type, "lease_expired")
                 log.warning("lease expired on the last attempt; message sent to dead", extra=fields)
             else:
                 log.info("lease expired; message returned to pending", extra=fields)
@@ -258,7 +273,7 @@ class Worker:
                 outcomes = list(await self.publisher.publish(messages))
         except TimeoutError:
             # The broker may or may not have them: retry (consumers de-duplicate by id).
-            error = RetryableError(f"publish timed out after {timeout:g}s")
+            error = RetryableError(f"{TIMEOUT_PREFIX} after {timeout:g}s")
             return [error] * len(messages)
         except Exception as exc:  # the adapter raised for the whole batch
             return [exc] * len(messages)

@@ -61,3 +61,55 @@ async def test_shutdown_hands_unpublished_rows_back_without_spending_an_attempt(
     assert [(r["status"], r["attempts"], r["lease_until"]) for r in rows] == [("pending", 0, None)] * 5
     assert all(r["last_error"] == "released unpublished at shutdown" for r in rows)
     assert all(r["available_at"] <= r["created_at"] + timedelta(seconds=30) for r in rows)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    def fetch() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - a local test server
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    return await asyncio.to_thread(fetch)
+
+
+async def test_start_serves_metrics_and_health_and_prunes_on_schedule(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+    from relay.runner import Operations
+
+    db.insert((f"agg-{i}", "OrderPlaced", {}) for i in range(30))
+    port = _free_port()
+    publisher = InMemoryPublisher()
+    stop = asyncio.Event()
+    operate = Operations(
+        metrics_port=port,
+        metrics_host="127.0.0.1",
+        prune_older_than=timedelta(0),
+        prune_interval=timedelta(milliseconds=300),
+    )
+    task = asyncio.create_task(run_relay(settings_for(pg_dsn, names, workers=2), publisher, stop, operate=operate))
+    try:
+        await wait_until(lambda: len(publisher.delivered) == 30)
+        status, body = await _get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200
+        assert 'outbox_relay_messages_total{event_type="OrderPlaced",outcome="published"} 30.0' in body
+        assert "outbox_relay_claim_seconds_bucket" in body
+        assert "outbox_relay_circuit_open 0.0" in body
+        assert (await _get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
+        assert (await _get(f"http://127.0.0.1:{port}/readyz"))[0] == 200
+        # The scheduled prune (older than 0 s, every 0.3 s) removes the finished rows.
+        await wait_until(lambda: db.rows() == [], timeout=10)
+    finally:
+        stop.set()
+        await task
