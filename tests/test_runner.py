@@ -77,7 +77,7 @@ async def _get(url: str) -> tuple[int, str]:
 
     def fetch() -> tuple[int, str]:
         try:
-            with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - a local test server
+            with urllib.request.urlopen(url, timeout=5) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
