@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 RUN_DSN ?= postgresql://postgres@127.0.0.1:5432/test
 RUN_BROKER ?= log
 
-.PHONY: venv run test test-faults lint format demo bench clean
+.PHONY: venv run test test-faults lint format demo bench bench-rabbitmq bench-sqs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,22 @@ run: venv
 test: venv
 	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# The fault-injection suite alone (it is part of `make test` too); REPEAT=5 runs it 5 times.
+REPEAT ?= 1
+test-faults: venv
+	@for i in $$(seq $(REPEAT)); do echo "fault suite, run $$i of $(REPEAT)"; \
+	  $(BIN)/pytest -m faults -s $(PYTEST_ARGS) || exit 1; done
+
+# Benchmarks (scripts, not tests): each prints its figures beside a baseline from the same run.
+bench: venv
+	$(BIN)/python scripts/bench_db.py
+
+bench-rabbitmq: venv
+	$(BIN)/python scripts/bench_rabbitmq.py
+
+bench-sqs: venv
+	$(BIN)/python scripts/bench_sqs.py
 
 lint: venv
 	$(BIN)/ruff check relay adapters tests scripts

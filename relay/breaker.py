@@ -83,12 +83,12 @@ class CircuitBreaker:
             if self._failures == 1:
                 self._opened_at = self._clock()
                 self.reason = reason
-                log.error("broker unavailable, pausing claims and probing: %s", reason)
+                log.warning("broker unavailable, pausing claims and probing: %s", reason)
                 if self._on_change:
                     self._on_change(True)
             elif reason != self.reason:
                 self.reason = reason
-                log.error("broker still unavailable: %s", reason)
+                log.warning("broker still unavailable: %s", reason)
         elif self._failures:
             outage = self._clock() - self._opened_at
             log.info("broker is back after %.1fs; resuming claims", outage)

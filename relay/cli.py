@@ -149,8 +149,15 @@ from relay.cli_ops import register as _register_ops  # noqa: E402
 _register_ops(cli)
 
 
+def _terminate_before_start(signum: int, frame: object) -> None:
+    # SIGTERM while still starting up (imports, connecting): nothing is claimed yet, so a
+    # clean exit is the whole drain. `relay start` installs its draining handler later.
+    raise SystemExit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: one clear line and exit code 2 for bad input, never a traceback."""
+    signal.signal(signal.SIGTERM, _terminate_before_start)
     try:
         code = cli.main(args=list(argv) if argv is not None else None, prog_name="relay", standalone_mode=False)
     except click.exceptions.Exit as exc:

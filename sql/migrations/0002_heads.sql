@@ -184,6 +184,46 @@ BEGIN
 END
 $$;
 
+-- The last word on a head: a row offered as head must still be unfinished when the offer
+-- lands. An ingest computes its offers on the snapshot its statement started with; when a
+-- concurrent finalize of that very row commits while the ingest waits for the head's lock,
+-- the offer is stale. Queries here run on a fresh snapshot, so they see the finalize and
+-- point the head at the aggregate's real next row instead.
+CREATE FUNCTION {q_check_head}() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    horizon xid8;
+BEGIN
+    IF NEW.head_id IS NULL
+       OR EXISTS (SELECT 1 FROM {outbox} AS o
+                   WHERE o.id = NEW.head_id AND o.status IN ('pending', 'processing', 'dead')) THEN
+        RETURN NEW;
+    END IF;
+    IF (SELECT s.commit_order_guard FROM {q_settings} AS s) THEN
+        horizon := pg_snapshot_xmin(pg_current_snapshot());
+    ELSE
+        horizon := pg_snapshot_xmax(pg_current_snapshot());
+    END IF;
+    NEW.head_id := NULL;
+    NEW.head_xid := NULL;
+    NEW.ready_at := NULL;
+    SELECT o.id, o.xid, CASE WHEN o.status = 'pending' THEN o.available_at END
+      INTO NEW.head_id, NEW.head_xid, NEW.ready_at
+      FROM {outbox} AS o
+     WHERE o.aggregate_id = NEW.aggregate_id
+       AND o.ordered
+       AND o.status IN ('pending', 'processing', 'dead')
+       AND o.xid < horizon
+     ORDER BY o.xid, o.id
+     LIMIT 1;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER {n_check_head} BEFORE INSERT OR UPDATE OF head_id ON {q_heads}
+    FOR EACH ROW EXECUTE FUNCTION {q_check_head}();
+
 CREATE TRIGGER {n_follow_heads_upd} AFTER UPDATE ON {outbox}
     REFERENCING NEW TABLE AS changed
     FOR EACH STATEMENT EXECUTE FUNCTION {q_follow_heads}();

@@ -1,0 +1,31 @@
+"""The ``rabbitmq`` broker: confirmed, persistent publishing with aio-pika.
+
+- ``settings``: the options (``--amqp-url``, ``--exchange``, ``--routing-key``, ...) and
+  their validation; importable without aio-pika, since the CLI reads every broker's
+  options whichever broker runs.
+- ``envelope``: an outbox row as an AMQP message, refused before sending when the broker
+  or the client could never take it.
+- ``classify``: every broker and client failure sorted into the relay's failure classes.
+- ``publisher``: the connection, the confirm channels and the batch publish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from adapters.rabbitmq.settings import OPTIONS, RabbitSettings
+
+if TYPE_CHECKING:
+    from adapters.rabbitmq.publisher import RabbitPublisher
+
+__all__ = ["OPTIONS", "RabbitSettings", "create"]
+
+
+def create(values: Mapping[str, Any]) -> RabbitPublisher:
+    """The publisher for resolved option ``values``; a bad option raises ``relay.ConfigError``."""
+    settings = RabbitSettings.from_values(values)
+    # Imported here so that only a relay that publishes to RabbitMQ loads aio-pika.
+    from adapters.rabbitmq.publisher import RabbitPublisher
+
+    return RabbitPublisher(settings)

@@ -1,0 +1,133 @@
+"""Turning an outbox message into the AMQP message the broker gets, and refusing, before
+anything is sent, the messages the broker or the client library could never take."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pamqp import commands as spec
+from pamqp.common import FieldValue
+
+from adapters.rabbitmq.settings import RabbitSettings
+from relay.errors import PermanentError
+from relay.message import OutboxMessage
+
+# AMQP caps a routing key (a shortstr) at 255 bytes; aiormq raises ValueError past it.
+MAX_ROUTING_KEY_BYTES = 255
+# A content-header frame carries the properties and headers and cannot be split across
+# frames. Besides the encoded properties it holds 7 bytes of frame header, 12 of
+# class/weight/body size and the frame-end octet.
+HEADER_FRAME_OVERHEAD = 7 + 12 + 1
+# RabbitMQ's smallest allowed frame_max; used until the connection has negotiated one.
+MIN_FRAME_MAX = 4096
+# AMQP's short strings (the `type` property among them) hold at most 255 bytes.
+MAX_SHORTSTR_BYTES = 255
+# Generous bound on everything in the encoded properties besides the row's three texts:
+# header names, ids and counters, timestamp, content type, app id, field tags and lengths.
+FIXED_PROPERTY_BYTES = 512
+APP_ID = "outbox-relay"
+PERSISTENT = 2  # delivery mode: the broker writes the message to disk
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message ready to publish: the outbox row it came from, the AMQP properties
+    (headers included) it goes out with, and its routing key."""
+
+    source: OutboxMessage
+    properties: spec.Basic.Properties
+    routing_key: str
+
+    @property
+    def body(self) -> bytes:
+        return self.source.body
+
+
+def headers_for(m: OutboxMessage) -> dict[str, FieldValue]:
+    """The headers a consumer de-duplicates and orders by, whatever the routing."""
+    return {
+        "aggregate_type": m.aggregate_type,
+        "aggregate_id": m.aggregate_id,
+        "event_type": m.event_type,
+        "outbox_id": m.id,
+        "attempt": m.attempt,
+        "lease_version": m.lease_version,
+    }
+
+
+def build(
+    m: OutboxMessage,
+    settings: RabbitSettings,
+    frame_max: int,
+    learned_max_size: int | None = None,
+    timestamp: datetime | None = None,
+) -> Envelope | PermanentError:
+    """The envelope for ``m``, or the PermanentError saying why it can never be sent.
+
+    Every check here stands in for a failure that would otherwise happen on the wire and
+    take the whole channel (an oversized body) or even the connection (a header frame over
+    frame_max) down with it, failing the innocent messages of the batch too.
+    ``learned_max_size`` is the broker's limit when a 406 showed it to be lower than
+    ``--amqp-max-message-size``; ``timestamp`` (default: now) is shared by a batch.
+    """
+    if len(m.body) > settings.max_message_size:
+        return PermanentError(
+            f"message body of {len(m.body)} bytes exceeds the broker's max message size of"
+            f" {settings.max_message_size} bytes (--amqp-max-message-size); not sent"
+        )
+    if learned_max_size is not None and len(m.body) > learned_max_size:
+        return PermanentError(
+            f"message body of {len(m.body)} bytes exceeds the broker's max_message_size of"
+            f" {learned_max_size} bytes (reported by the broker earlier); not sent"
+        )
+    routing_key = settings.routing_key.render(m)
+    key_bytes = len(routing_key) if routing_key.isascii() else len(routing_key.encode("utf-8", "surrogatepass"))
+    if key_bytes > MAX_ROUTING_KEY_BYTES:
+        return PermanentError(
+            f"routing key of {key_bytes} bytes (from template {settings.routing_key.text!r}) exceeds"
+            f" AMQP's {MAX_ROUTING_KEY_BYTES}; not sent"
+        )
+    try:
+        properties = spec.Basic.Properties(
+            content_type="application/json",
+            delivery_mode=PERSISTENT,
+            headers=headers_for(m),
+            message_id=str(m.id),
+            message_type=m.event_type,
+            # Publish time: the row's created_at is not part of the claimed message.
+            timestamp=timestamp or datetime.now(UTC),
+            app_id=APP_ID,
+        )
+    except (TypeError, ValueError) as exc:  # pamqp validates some fields on construction
+        return PermanentError(f"AMQP properties or headers cannot be encoded: {exc}; not sent")
+    if not _surely_encodable(m, frame_max):
+        # Encode them exactly as the client will: pamqp raises TypeError for a shortstr
+        # over 255 bytes (`type` is one) or a value it has no AMQP type for, and
+        # UnicodeEncodeError for text that is not UTF-8; mid-publish, that would fail the
+        # batch. And the header frame cannot be split: over frame_max the broker closes
+        # the connection.
+        try:
+            encoded = properties.marshal()
+        except (TypeError, ValueError, OverflowError, struct.error) as exc:
+            return PermanentError(f"AMQP properties or headers cannot be encoded: {exc}; not sent")
+        header_frame = len(encoded) + HEADER_FRAME_OVERHEAD
+        if header_frame > frame_max:
+            return PermanentError(
+                f"AMQP properties and headers take {header_frame} bytes, more than the connection's"
+                f" frame_max of {frame_max}; not sent"
+            )
+    return Envelope(m, properties, routing_key)
+
+
+def _surely_encodable(m: OutboxMessage, frame_max: int) -> bool:
+    """True when the properties cannot fail to encode or outgrow a frame, without encoding
+    them (which costs as much again as building them): the only text from the row is
+    ASCII, the event type fits a shortstr, and all of it takes far less than a frame."""
+    texts = (m.event_type, m.aggregate_id, m.aggregate_type)
+    return (
+        all(t.isascii() for t in texts)
+        and len(m.event_type) <= MAX_SHORTSTR_BYTES
+        and 2 * len(m.event_type) + len(m.aggregate_id) + len(m.aggregate_type) + FIXED_PROPERTY_BYTES < frame_max
+    )

@@ -1,0 +1,218 @@
+"""The RabbitMQ adapter's options and their validated form. No aio-pika import here:
+the CLI reads every broker's options at start-up, RabbitMQ chosen or not."""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+from relay.config import Option
+from relay.dsn import describe_url, mask
+from relay.errors import ConfigError
+from relay.message import OutboxMessage
+
+SECTION = "rabbitmq"
+
+# RabbitMQ's own default for max_message_size (128 MiB, since 3.8). A deployment that
+# lowers it on the broker should lower this too, so oversized messages go to dead
+# before they are sent instead of costing the batch its channel.
+RABBITMQ_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
+
+# Without --publish-confirm-timeout the adapter waits for confirms for this share of
+# --publish-timeout: it then still has time to hand back the confirms it did get, where
+# the relay's own deadline would count the whole batch as unconfirmed.
+CONFIRM_SHARE_OF_PUBLISH_TIMEOUT = 0.8
+DEFAULT_PUBLISH_TIMEOUT = timedelta(seconds=20)
+
+ROUTING_FIELDS = ("aggregate_type", "aggregate_id", "event_type")
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "amqp_url",
+        "str",
+        None,
+        "RabbitMQ URL, amqp://user:password@host:5672/vhost (amqps:// for TLS).",
+        section=SECTION,
+        key="url",
+        secret=True,
+    ),
+    Option(
+        "exchange",
+        "str",
+        "",
+        "Exchange to publish to; empty (the default) is the default exchange, which routes by queue name.",
+        section=SECTION,
+    ),
+    Option(
+        "routing_key",
+        "str",
+        "{event_type}",
+        "Routing-key template over {aggregate_type}, {aggregate_id} and {event_type}.",
+        section=SECTION,
+    ),
+    Option(
+        "declare",
+        "bool",
+        False,
+        "Declare the exchange (durable, of --exchange-type) at start. By default the relay"
+        " changes no broker topology and waits for the exchange to exist.",
+        section=SECTION,
+    ),
+    Option(
+        "exchange_type",
+        "str",
+        "topic",
+        "Type of the exchange --declare creates: direct, topic, fanout, headers or a plugin's.",
+        section=SECTION,
+    ),
+    Option(
+        "unroutable",
+        "choice",
+        "permanent",
+        "A message no queue is bound for: 'permanent' sends it to dead, 'retryable' retries it"
+        " (for deployments that bind their queues later).",
+        section=SECTION,
+        choices=("permanent", "retryable"),
+    ),
+    Option(
+        "publish_confirm_timeout",
+        "duration",
+        None,
+        "How long one batch waits for broker confirms; unconfirmed messages are retried."
+        " Default: 80% of --publish-timeout.",
+        section=SECTION,
+        key="confirm_timeout",
+    ),
+    Option(
+        "amqp_max_message_size",
+        "int",
+        RABBITMQ_MAX_MESSAGE_SIZE,
+        "Largest message body in bytes the broker accepts (its max_message_size); larger"
+        " messages go to dead without being sent.",
+        section=SECTION,
+        key="max_message_size",
+        minimum=1,
+    ),
+)
+
+
+class RoutingKeyTemplate:
+    """A ``str.format``-style template whose only fields are the message's aggregate type,
+    aggregate id and event type; checked once, rendered per message without ``format``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        parts: list[Callable[[OutboxMessage], str]] = []
+        try:
+            parsed = list(string.Formatter().parse(text))
+        except ValueError as exc:
+            raise ConfigError(f"invalid --routing-key {text!r}: {exc}") from None
+        for literal, name, spec, conversion in parsed:
+            if literal:
+                parts.append(_constant(literal))
+            if name is None:
+                continue
+            if name not in ROUTING_FIELDS or spec or conversion:
+                shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+                raise ConfigError(
+                    f"invalid --routing-key {text!r}: unknown field {shown}"
+                    " (use {aggregate_type}, {aggregate_id} or {event_type})"
+                )
+            parts.append(_field(name))
+        self._parts = tuple(parts)
+        # The common templates skip the join: this runs once per message.
+        self._single = parts[0] if len(parts) == 1 else None
+
+    def render(self, message: OutboxMessage) -> str:
+        if self._single is not None:
+            return self._single(message)
+        return "".join(part(message) for part in self._parts)
+
+    def __repr__(self) -> str:
+        return f"RoutingKeyTemplate({self.text!r})"
+
+
+def _constant(text: str) -> Callable[[OutboxMessage], str]:
+    return lambda _message: text
+
+
+def _field(name: str) -> Callable[[OutboxMessage], str]:
+    if name == "aggregate_type":
+        return lambda m: m.aggregate_type
+    if name == "aggregate_id":
+        return lambda m: m.aggregate_id
+    return lambda m: m.event_type
+
+
+@dataclass(frozen=True)
+class RabbitSettings:
+    """Everything the RabbitMQ publisher needs, validated together."""
+
+    url: str
+    exchange: str = ""
+    routing_key: RoutingKeyTemplate = field(default_factory=lambda: RoutingKeyTemplate("{event_type}"))
+    declare: bool = False
+    exchange_type: str = "topic"
+    unroutable: Literal["permanent", "retryable"] = "permanent"
+    confirm_timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT * CONFIRM_SHARE_OF_PUBLISH_TIMEOUT
+    max_message_size: int = RABBITMQ_MAX_MESSAGE_SIZE
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+            raise ConfigError(f"invalid --amqp-url {mask(self.url)!r}: expected amqp://user:password@host:port/vhost")
+        try:
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            raise ConfigError(f"invalid --amqp-url {mask(self.url)!r}: the port is not a number") from None
+        if self.declare and not self.exchange:
+            raise ConfigError("--declare needs --exchange: the default exchange cannot be declared")
+        if self.confirm_timeout <= timedelta(0):
+            raise ConfigError("invalid --publish-confirm-timeout: must be longer than zero")
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> RabbitSettings:
+        """Build from resolved option values (``relay.config.resolve``), which also hold the
+        core options such as ``publish_timeout``."""
+        url = values.get("amqp_url")
+        if not url:
+            raise ConfigError(
+                "no RabbitMQ URL: pass --amqp-url, set RELAY_AMQP_URL, or put url in [rabbitmq] of the config file"
+            )
+        confirm = values.get("publish_confirm_timeout")
+        if confirm is None:
+            publish_timeout = values.get("publish_timeout") or DEFAULT_PUBLISH_TIMEOUT
+            confirm = publish_timeout * CONFIRM_SHARE_OF_PUBLISH_TIMEOUT
+        return cls(
+            url=str(url),
+            exchange=values.get("exchange") or "",
+            routing_key=RoutingKeyTemplate(values.get("routing_key") or "{event_type}"),
+            declare=bool(values.get("declare")),
+            exchange_type=values.get("exchange_type") or "topic",
+            unroutable=values.get("unroutable") or "permanent",
+            confirm_timeout=confirm,
+            max_message_size=int(values.get("amqp_max_message_size") or RABBITMQ_MAX_MESSAGE_SIZE),
+        )
+
+    @property
+    def where(self) -> str:
+        """The broker's address for messages: user kept, password dropped."""
+        return describe_url(self.url)
+
+    @property
+    def vhost(self) -> str:
+        """The virtual host the URL names, as the broker sees it ("/" when the path is empty)."""
+        return unquote(urlsplit(self.url).path[1:]) or "/"
+
+    @property
+    def user(self) -> str:
+        return unquote(urlsplit(self.url).username or "guest")
+
+    @property
+    def exchange_label(self) -> str:
+        """How log lines name the exchange (the default one has an empty name)."""
+        return f"'{self.exchange}'" if self.exchange else "'' (the default exchange)"

@@ -1,0 +1,392 @@
+"""RabbitMQ leg benchmark: the relay end to end versus plain aio-pika with confirms, same
+broker, same run.
+
+    .venv/bin/python scripts/bench_rabbitmq.py                  # 20,000 messages, 3 rounds
+    .venv/bin/python scripts/bench_rabbitmq.py --messages 50000 --workers 4
+    .venv/bin/python scripts/bench_rabbitmq.py --ordered        # every event ordered per aggregate
+
+Both sides send the same messages (same bodies, same properties and six headers, built by
+the adapter's own ``envelope.build``) as persistent, mandatory messages to a durable queue
+behind a direct exchange, on confirm channels:
+
+- raw: aio-pika alone, no database: every message of a batch published at once
+  (``asyncio.gather``), confirms awaited together, batch after batch, on 1, 2, 4 and 8
+  channels side by side, the messages built before the clock starts; once with
+  ``Exchange.publish`` (aio-pika's own call) and once with aiormq's
+  ``basic_publish(wait=False)`` underneath it (the call the adapter makes). The best of
+  all eight is the baseline, so the relay is not measured against a slower client path
+  than its own.
+- relay: ``relay start --broker rabbitmq`` as a subprocess draining an outbox pre-filled
+  with those events, timed from the first row leaving 'pending' to every row 'done'
+  (PostgreSQL claim, publish with confirms, fenced finalize: the whole path).
+
+Each round purges the queue first, so neither side pays for a longer queue. The script
+prints both rates, their ratio, and the median over the rounds. The goal is a ratio of at
+least 0.9. It needs PostgreSQL and RabbitMQ (defaults: the local test services) and leaves
+nothing behind: its schema, exchange and queue are deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+import aio_pika
+import aio_pika.abc
+import aiormq
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from adapters.rabbitmq.envelope import Envelope, build
+from adapters.rabbitmq.publisher import RabbitPublisher
+from adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
+from relay.message import OutboxMessage
+from relay.ordering import OrderingMap
+from relay.sqlnames import OutboxNames
+from relay.store import OutboxStore
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+EVENT_TYPES = ("OrderPlaced", "OrderPaid", "OrderShipped", "OrderDelivered")
+RAW_CHANNELS = (1, 2, 4, 8)
+RAW_STYLES = ("exchange", "nowait")
+
+Event = tuple[str, str, dict[str, Any]]
+
+
+def make_events(n: int, aggregates: int, payload_bytes: int, seed: int = 7) -> list[Event]:
+    rnd = random.Random(seed)
+    filler = "x" * max(0, payload_bytes - 60)
+    return [
+        (f"order-{rnd.randrange(aggregates)}", EVENT_TYPES[i % len(EVENT_TYPES)], {"seq": i, "note": filler})
+        for i in range(n)
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# The broker side
+
+
+class Topology:
+    """A direct exchange with one durable queue bound to every event type."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        tag = uuid.uuid4().hex[:8]
+        self.exchange = f"bench-rabbitmq-{tag}"
+        self.queue = f"bench-rabbitmq-{tag}"
+        self.connection: aio_pika.abc.AbstractRobustConnection | None = None
+
+    async def __aenter__(self) -> Topology:
+        self.connection = await aio_pika.connect_robust(
+            self.url, client_properties={"connection_name": f"bench-rabbitmq-setup {self.queue}"}
+        )
+        channel = await self.connection.channel()
+        exchange = await channel.declare_exchange(self.exchange, "direct", durable=True)
+        queue = await channel.declare_queue(self.queue, durable=True)
+        for event_type in EVENT_TYPES:
+            await queue.bind(exchange, event_type)
+        await channel.close()
+        return self
+
+    async def purge(self) -> None:
+        assert self.connection is not None
+        channel = await self.connection.channel()
+        queue = await channel.get_queue(self.queue, ensure=False)
+        await queue.purge()
+        await channel.close()
+
+    async def count(self) -> int:
+        assert self.connection is not None
+        channel = await self.connection.channel()
+        queue = await channel.declare_queue(self.queue, passive=True)
+        await channel.close()
+        return int(queue.declaration_result.message_count or 0)
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.connection is not None
+        channel = await self.connection.channel()
+        await channel.queue_delete(self.queue)
+        await channel.exchange_delete(self.exchange)
+        await self.connection.close()
+
+
+def outbox_messages(events: list[Event]) -> list[OutboxMessage]:
+    """The events as claimed rows would hand them to the publisher (ids made up)."""
+    return [
+        OutboxMessage(
+            id=i,
+            aggregate_type="order",
+            aggregate_id=aggregate_id,
+            event_type=event_type,
+            body=json.dumps(payload).encode(),
+            attempt=1,
+            lease_version=1,
+            ordered=False,
+        )
+        for i, (aggregate_id, event_type, payload) in enumerate(events, start=1)
+    ]
+
+
+def envelopes_for(events: list[Event], settings: RabbitSettings) -> list[Envelope]:
+    """The messages exactly as the relay builds them."""
+    envelopes = []
+    for m in outbox_messages(events):
+        built = build(m, settings, 131072)
+        assert isinstance(built, Envelope), built
+        envelopes.append(built)
+    return envelopes
+
+
+async def adapter_run(settings: RabbitSettings, messages: list[OutboxMessage], workers: int, batch: int) -> float:
+    """Seconds for the adapter alone (no database) to publish every message: ``workers``
+    callers of ``RabbitPublisher.publish`` side by side, as the relay's workers call it."""
+    publisher = RabbitPublisher(settings, connection_name="bench-rabbitmq-adapter")
+    await publisher.start()
+    try:
+        chunks = [messages[i : i + batch] for i in range(0, len(messages), batch)]
+
+        async def worker(w: int) -> None:
+            for chunk in chunks[w::workers]:
+                outcomes = await publisher.publish(chunk)
+                if any(o is not None for o in outcomes):
+                    raise SystemExit(f"adapter run failed: {next(o for o in outcomes if o is not None)}")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(workers)))
+        return time.perf_counter() - started
+    finally:
+        await publisher.close()
+
+
+def as_aio_pika(e: Envelope) -> aio_pika.Message:
+    """The envelope's message as an aio-pika Message with the same body and properties."""
+    p = e.properties
+    return aio_pika.Message(
+        e.body,
+        headers=p.headers,
+        content_type=p.content_type,
+        delivery_mode=p.delivery_mode,
+        message_id=p.message_id,
+        type=p.message_type,
+        timestamp=p.timestamp,
+        app_id=p.app_id,
+    )
+
+
+async def raw_run(
+    url: str, exchange_name: str, envelopes: list[Envelope], channels: int, batch: int, style: str
+) -> float:
+    """Seconds to publish every envelope with aio-pika alone: ``channels`` publishers side by
+    side, each publishing a batch at once and awaiting its confirms together.
+
+    ``style`` "exchange": aio-pika's ``Exchange.publish`` (which waits for each write to
+    reach the socket); "nowait": aiormq's ``basic_publish(wait=False)`` under the same
+    channel, the call the adapter makes.
+    """
+    connection = await aio_pika.connect_robust(url, client_properties={"connection_name": "bench-rabbitmq-raw"})
+    try:
+        chunks = [envelopes[i : i + batch] for i in range(0, len(envelopes), batch)]
+        messages = {id(e): as_aio_pika(e) for e in envelopes}
+        publishers = []
+        for lane in range(channels):
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            exchange = await channel.get_exchange(exchange_name, ensure=False)
+            underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
+
+            async def send(e: Envelope, exchange: Any = exchange, underlay: aiormq.Channel = underlay) -> Any:
+                if style == "exchange":
+                    return await exchange.publish(messages[id(e)], e.routing_key, mandatory=True)
+                return await underlay.basic_publish(
+                    e.body,
+                    exchange=exchange_name,
+                    routing_key=e.routing_key,
+                    properties=e.properties,
+                    mandatory=True,
+                    wait=False,
+                )
+
+            async def publisher(lane: int = lane, send: Any = send) -> None:
+                for chunk in chunks[lane::channels]:
+                    await asyncio.gather(*(send(e) for e in chunk))
+
+            publishers.append(publisher)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(publisher() for publisher in publishers))
+        return time.perf_counter() - started
+    finally:
+        await connection.close()
+
+
+# ---------------------------------------------------------------------------------------
+# The relay side
+
+
+def relay_bin() -> list[str]:
+    script = Path(sys.executable).with_name("relay")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "relay.cli"]
+
+
+async def seed_outbox(dsn: str, names: OutboxNames, events: list[Event], ordering: OrderingMap) -> None:
+    """A fresh outbox holding ``events``, routed by ``ordering`` as the relay will be."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.schema)))
+    migrate = [*relay_bin(), "migrate", "--dsn", dsn, "--schema", names.schema]
+    await asyncio.to_thread(subprocess.run, migrate, check=True, capture_output=True)
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False, kwargs={"autocommit": True}) as pool:
+        await OutboxStore(pool, names, ordering).store_settings()
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
+        table = sql.Identifier(names.schema, names.table)
+        copy = sql.SQL("COPY {} (aggregate_type, aggregate_id, event_type, payload) FROM STDIN").format(table)
+        with cur.copy(copy) as c:
+            for aggregate_id, event_type, payload in events:
+                c.write_row(("order", aggregate_id, event_type, json.dumps(payload)))
+        conn.execute(sql.SQL("ANALYZE {}").format(table))
+
+
+def relay_run(args: argparse.Namespace, names: OutboxNames, exchange: str, n: int, ordered: bool) -> float:
+    """Seconds from the first row leaving 'pending' to every row 'done'."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    log_path = Path(tempfile.gettempdir()) / "relay-bench-rabbitmq.log"
+    command = [
+        *relay_bin(), "start", "--dsn", args.dsn, "--schema", names.schema,
+        "--broker", "rabbitmq", "--amqp-url", args.amqp_url, "--exchange", exchange,
+        "--routing-key", "{event_type}",
+        "--workers", str(args.workers), "--batch-size", str(args.batch_size), "--log-level", "warning",
+        "--ordering-default", "ordered" if ordered else "unordered",
+    ]  # fmt: skip
+    table = sql.Identifier(names.schema, names.table)
+    progress = sql.SQL(
+        "SELECT count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'dead') FROM {}"
+    ).format(table)
+    moving = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE status <> 'pending')").format(table)
+    with log_path.open("w") as log, psycopg.connect(args.dsn, autocommit=True) as conn:
+        relay = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        dead = 0
+        try:
+            # The clock starts when the first claim commits, so the relay's start-up
+            # (connecting to PostgreSQL and RabbitMQ) is not counted.
+            while not _fetch(conn, moving)[0]:
+                if relay.poll() is not None:
+                    raise SystemExit(f"relay exited: {log_path.read_text()[-2000:]}")
+                time.sleep(0.005)
+            started = time.perf_counter()
+            while True:
+                done, dead = _fetch(conn, progress)
+                if done + dead >= n:
+                    break
+                if relay.poll() is not None:
+                    raise SystemExit(f"relay exited: {log_path.read_text()[-2000:]}")
+                time.sleep(0.01)
+            took = time.perf_counter() - started
+        finally:
+            relay.send_signal(signal.SIGTERM)
+            code = relay.wait(30)
+    if dead or code != 0:
+        raise SystemExit(f"relay run not clean: {dead} dead, exit code {code}; see {log_path}")
+    return took
+
+
+def _fetch(conn: psycopg.Connection[Any], query: sql.Composed) -> tuple[Any, ...]:
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+async def bench(args: argparse.Namespace) -> float:
+    events = make_events(args.messages, args.aggregates, args.payload_bytes)
+    names = OutboxNames(schema=f"bench_rabbitmq_{uuid.uuid4().hex[:8]}", table="outbox")
+    ordering = OrderingMap(default_ordered=args.ordered)
+    n = len(events)
+    ratios, relay_rates, raw_rates = [], [], []
+    async with Topology(args.amqp_url) as topology:
+        settings = RabbitSettings(
+            url=args.amqp_url, exchange=topology.exchange, routing_key=RoutingKeyTemplate("{event_type}")
+        )
+        envelopes = envelopes_for(events, settings)
+        messages = outbox_messages(events)
+        try:
+            for round_no in range(1, args.rounds + 1):
+                raw: dict[tuple[str, int], float] = {}
+                for style in RAW_STYLES:
+                    for channels in RAW_CHANNELS:
+                        await topology.purge()
+                        took = await raw_run(
+                            args.amqp_url, topology.exchange, envelopes, channels, args.batch_size, style
+                        )
+                        raw[style, channels] = n / took
+                        assert await topology.count() == n, "raw run lost messages"
+                best = max(raw, key=lambda k: raw[k])
+                idiomatic = max(raw[k] for k in raw if k[0] == "exchange")
+                await topology.purge()
+                adapter_rate = n / await adapter_run(settings, messages, args.workers, args.batch_size)
+                await topology.purge()
+                await seed_outbox(args.dsn, names, events, ordering)
+                relay_rate = n / await asyncio.to_thread(relay_run, args, names, topology.exchange, n, args.ordered)
+                delivered = await topology.count()
+                if delivered < n:
+                    raise SystemExit(f"relay run lost messages: {delivered} of {n} in the queue")
+                ratios.append(relay_rate / raw[best])
+                relay_rates.append(relay_rate)
+                raw_rates.append(raw[best])
+                detail = ", ".join(f"{style} x{c} {r:,.0f}" for (style, c), r in raw.items())
+                print(
+                    f"round {round_no}: raw {raw[best]:,.0f} msg/s (best: {best[0]} on {best[1]} channels;"
+                    f" all: {detail}); adapter without database {adapter_rate:,.0f} msg/s"
+                    f" ({adapter_rate / raw[best]:.2f} of raw); relay {relay_rate:,.0f} msg/s"
+                    f" ({args.workers} workers, batch {args.batch_size}); ratio {relay_rate / raw[best]:.2f}"
+                    f" (vs Exchange.publish alone {relay_rate / idiomatic:.2f})",
+                    flush=True,
+                )
+        finally:
+            with psycopg.connect(args.dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.schema)))
+    print(
+        f"median over {args.rounds} rounds, N={n:,} ({'ordered' if args.ordered else 'unordered'},"
+        f" {args.payload_bytes}-byte payloads): raw {statistics.median(raw_rates):,.0f} msg/s,"
+        f" relay {statistics.median(relay_rates):,.0f} msg/s, ratio {statistics.median(ratios):.2f}"
+        f" (goal >= 0.90)"
+    )
+    return statistics.median(ratios)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="relay end to end vs raw aio-pika with confirms, same RabbitMQ")
+    p.add_argument("--dsn", default=os.environ.get("RELAY_TEST_DSN", DEFAULT_DSN))
+    p.add_argument("--amqp-url", default=os.environ.get("RELAY_TEST_AMQP_URL", DEFAULT_AMQP_URL))
+    p.add_argument("--messages", "-n", type=int, default=20_000)
+    p.add_argument("--aggregates", type=int, default=1_000)
+    p.add_argument("--payload-bytes", type=int, default=200)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ordered", action="store_true", help="route every event type through the ordered claim")
+    args = p.parse_args(argv)
+    print(f"python {platform.python_version()}, aio-pika {aio_pika.__version__}, {os.cpu_count()} CPUs", flush=True)
+    ratio = asyncio.run(bench(args))
+    return 0 if ratio >= 0.9 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""Fault injection: several real `relay start` processes over a real PostgreSQL and
+RabbitMQ, and a real consumer, while workers are killed, database sessions terminated,
+producers commit out of id order without locks, and the broker goes away.
+
+What every scenario asserts, from what the consumer read off the queue:
+- every outbox id was delivered at least once;
+- for ordered event types, the first delivery of each message came in the aggregate's
+  order, which is (writing transaction, id): see README "Commit order";
+- no row is dead that was not poisoned on purpose;
+- duplicates are counted and printed (at-least-once allows them; consumers de-duplicate).
+
+Run on its own with `pytest -m faults`. These tests stop and start the shared RabbitMQ
+application, so they must not run beside other suites that use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+import psycopg
+import pytest
+from psycopg import sql
+
+from relay.sqlnames import OutboxNames
+from tests import rabbitmq_broker
+from tests.cli_proc import RELAY, relay_env
+from tests.conftest import Db
+from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, unique
+
+# The broker fixtures live in tests/rabbitmq_broker.py.
+amqp = rabbitmq_broker.amqp
+ctl = rabbitmq_broker.ctl
+rabbit = rabbitmq_broker.rabbit
+
+pytestmark = pytest.mark.faults
+
+ORDERED = "Order*"
+
+
+@dataclass
+class Fleet:
+    """The relay processes of one scenario, each a real `relay start`."""
+
+    args: list[str]
+    env: dict[str, str]
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    started_at: dict[int, float] = field(default_factory=dict)
+    killed: int = 0
+
+    def start(self) -> None:
+        # stdout is unused by the rabbitmq broker; logs go to stderr, kept for failures.
+        proc = subprocess.Popen(
+            [*start_relay_argv(), *self.args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
+        self.procs.append(proc)
+        self.started_at[proc.pid] = time.monotonic()
+
+    def kill_one(self, rng: random.Random) -> None:
+        alive = [p for p in self.procs if p.poll() is None]
+        if alive:
+            victim = rng.choice(alive)
+            victim.send_signal(signal.SIGKILL)  # no drain, no finalize: a crash
+            victim.wait(timeout=10)
+            self.killed += 1
+
+    def stop(self) -> list[int]:
+        # A SIGTERM while the interpreter is still importing takes Python's default action
+        # (exit by signal, nothing claimed yet); give late starters time to install the drain.
+        youngest = max(self.started_at.values(), default=0.0)
+        time.sleep(max(0.0, youngest + 3.0 - time.monotonic()))
+        codes = []
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            codes.append(p.returncode)
+        return codes
+
+    def running_codes(self) -> list[int]:
+        """Exit codes of the processes that were still running when stopped (SIGTERM: 0)."""
+        return [p.returncode for p in self.procs if p.returncode != -signal.SIGKILL]
+
+
+def start_relay_argv() -> list[str]:
+    return [RELAY, "start"]
+
+
+@pytest.fixture
+def fleet_factory(amqp: AmqpService, pg_dsn: str) -> Iterator[Any]:
+    fleets: list[Fleet] = []
+
+    def make(names: OutboxNames, exchange: str, **extra: str) -> Fleet:
+        args = [
+            "--schema",
+            names.schema,
+            "--broker",
+            "rabbitmq",
+            "--exchange",
+            exchange,
+            "--routing-key",
+            "outbox",
+            "--workers",
+            "2",
+            "--batch-size",
+            "20",
+            "--lease",
+            "3s",
+            "--publish-timeout",
+            "1s",
+            "--poll-interval",
+            "200ms",
+            "--backoff-base",
+            "100ms",
+            "--backoff-cap",
+            "1s",
+            "--max-attempts",
+            "3",
+            "--ordering-default",
+            "unordered",
+            "--ordered",
+            ORDERED,
+            "--shutdown-grace",
+            "5s",
+        ]
+        for key, value in extra.items():
+            args += [f"--{key.replace('_', '-')}", value]
+        fleet = Fleet(args, relay_env(RELAY_DSN=pg_dsn, RELAY_AMQP_URL=amqp.url, RELAY_LOG_LEVEL="warning"))
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        fleet.stop()
+
+
+@dataclass(frozen=True)
+class Delivery:
+    outbox_id: int
+    aggregate_id: str
+    event_type: str
+    lease_version: int
+
+
+async def read_queue(amqp: AmqpService, queue: str, expected_ids: set[int], timeout: float = 60) -> list[Delivery]:
+    """Everything on ``queue`` in arrival order, until every expected id has arrived."""
+    connection = await aio_pika.connect_robust(amqp.url, client_properties={"connection_name": unique("consumer")})
+    got: list[Delivery] = []
+    seen: set[int] = set()
+    done = asyncio.Event()
+
+    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        h = message.headers
+        d = Delivery(int(h["outbox_id"]), str(h["aggregate_id"]), str(h["event_type"]), int(h["lease_version"]))
+        got.append(d)
+        seen.add(d.outbox_id)
+        await message.ack()
+        if expected_ids <= seen:
+            done.set()
+
+    try:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=500)
+        q = await channel.get_queue(queue, ensure=False)
+        await q.consume(on_message)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout)
+        await asyncio.sleep(0.5)  # let duplicates still in the queue arrive too
+    finally:
+        await connection.close()
+    return got
+
+
+def expected_order(db: Db) -> dict[str, list[int]]:
+    """Per aggregate, the ordered rows in the order the relay promises: (xid, id)."""
+    cur = db.conn.execute(
+        sql.SQL("SELECT aggregate_id, id FROM {} WHERE ordered ORDER BY aggregate_id, xid, id").format(db.table)
+    )
+    order: dict[str, list[int]] = {}
+    for aggregate_id, oid in cur.fetchall():
+        order.setdefault(aggregate_id, []).append(oid)
+    return order
+
+
+def check_deliveries(db: Db, deliveries: list[Delivery], *, poisoned: frozenset[int] = frozenset()) -> Counter[int]:
+    ids = {r["id"] for r in db.rows()}
+    delivered = Counter(d.outbox_id for d in deliveries)
+    missing = ids - set(delivered) - poisoned
+    assert not missing, f"{len(missing)} outbox ids never delivered, e.g. {sorted(missing)[:5]}"
+    first_seen: list[Delivery] = []
+    seen: set[int] = set()
+    for d in deliveries:
+        if d.outbox_id not in seen:
+            seen.add(d.outbox_id)
+            first_seen.append(d)
+    for aggregate_id, want in expected_order(db).items():
+        got = [d.outbox_id for d in first_seen if d.aggregate_id == aggregate_id and d.outbox_id in set(want)]
+        assert got == [i for i in want if i not in poisoned], (
+            f"aggregate {aggregate_id}: first deliveries {got} != {want}"
+        )
+    dead = {r["id"] for r in db.rows() if r["status"] == "dead"}
+    assert dead == set(poisoned), f"unexpected dead rows: {sorted(dead - set(poisoned))[:5]}"
+    duplicates = Counter({i: n - 1 for i, n in delivered.items() if n > 1})
+    print(
+        f"\n  delivered {len(delivered)} ids, {sum(duplicates.values())} duplicate deliveries of {len(duplicates)} ids"
+    )
+    return duplicates
+
+
+def produce_interleaved(pg_dsn: str, names: OutboxNames, aggregates: int, rounds: int, seed: int) -> int:
+    """Producers writing the same aggregates from concurrent transactions without locking
+    them; in every round the transaction that took the lower ids commits last."""
+    table = sql.Identifier(names.schema, names.table)
+    insert = sql.SQL(
+        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', %s, %s, %s)"
+    ).format(table)
+    rng = random.Random(seed)
+    written = 0
+    with psycopg.connect(pg_dsn) as first, psycopg.connect(pg_dsn) as second:
+        for r in range(rounds):
+            chosen = rng.sample(range(aggregates), k=min(5, aggregates))
+            for agg in chosen:
+                first.execute(insert, (f"order-{agg}", "OrderUpdated", f'{{"round": {r}, "by": "first"}}'))
+                first.execute(insert, (f"order-{agg}", "EmailQueued", f'{{"round": {r}}}'))
+            for agg in chosen:
+                second.execute(insert, (f"order-{agg}", "OrderUpdated", f'{{"round": {r}, "by": "second"}}'))
+            second.commit()  # the higher ids commit first...
+            time.sleep(rng.uniform(0.05, 0.25))  # long enough for a relay to deliver the later rows first
+            first.commit()  # ...and the lower ids after them
+            written += 3 * len(chosen)
+    return written
+
+
+async def test_crashes_killed_sessions_and_unlocked_producers(
+    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, amqp: AmqpService, fleet_factory: Any
+) -> None:
+    rng = random.Random(int(os.environ.get("RELAY_FAULT_SEED", "7")))
+    exchange = await rabbit.exchange("direct")
+    queue = await rabbit.queue(bind=(exchange, "outbox"))
+    fleet: Fleet = fleet_factory(names, exchange)
+    for _ in range(3):
+        fleet.start()
+
+    written: list[int] = []
+    producer = threading.Thread(
+        target=lambda: written.append(produce_interleaved(pg_dsn, names, aggregates=30, rounds=40, seed=rng.random()))
+    )
+    producer.start()
+    chaos_until = time.monotonic() + 12
+    while time.monotonic() < chaos_until:
+        await asyncio.sleep(rng.uniform(0.5, 1.5))
+        if rng.random() < 0.6:
+            fleet.kill_one(rng)
+            fleet.start()
+        else:
+            with psycopg.connect(pg_dsn, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = 'outbox-relay' AND pid <> pg_backend_pid()"
+                )
+    producer.join()
+    deadline = time.monotonic() + 60
+    while db.statuses() != {"done": written[0]} and time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+    assert db.statuses() == {"done": written[0]}, db.statuses()
+    fleet.stop()
+    assert all(code == 0 for code in fleet.running_codes()), fleet.running_codes()
+    assert fleet.killed >= 3
+
+    deliveries = await read_queue(amqp, queue, {r["id"] for r in db.rows()})
+    check_deliveries(db, deliveries)
+
+
+async def test_broker_outage_longer_than_the_backoff_schedule_burns_nothing(
+    pg_dsn: str,
+    names: OutboxNames,
+    db: Db,
+    rabbit: Rabbit,
+    amqp: AmqpService,
+    ctl: BrokerControl,
+    fleet_factory: Any,
+) -> None:
+    exchange = await rabbit.exchange("direct")
+    queue = await rabbit.queue(bind=(exchange, "outbox"))
+    before = db.insert((f"order-{i % 10}", "OrderPlaced" if i % 2 else "EmailQueued", {"i": i}) for i in range(100))
+    fleet: Fleet = fleet_factory(names, exchange)
+    for _ in range(2):
+        fleet.start()
+    deadline = time.monotonic() + 30
+    while db.statuses() != {"done": 100} and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert db.statuses() == {"done": 100}
+
+    ctl.run("stop_app", timeout=60)
+    try:
+        # Written during the outage. With --max-attempts 3 and backoff capped at 1 s the
+        # whole retry schedule is over in about 2 s; the outage lasts 8 s.
+        during = db.insert((f"order-{i % 10}", "OrderPlaced" if i % 2 else "EmailQueued", {"i": i}) for i in range(60))
+        await asyncio.sleep(8)
+        rows = {r["id"]: r for r in db.rows()}
+        assert all(rows[i]["status"] == "pending" for i in during), Counter(rows[i]["status"] for i in during)
+        assert all(rows[i]["attempts"] == 0 for i in during), Counter(rows[i]["attempts"] for i in during)
+    finally:
+        ctl.run("start_app", timeout=120)
+
+    deadline = time.monotonic() + 60
+    while db.statuses() != {"done": 160} and time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+    assert db.statuses() == {"done": 160}
+    rows = {r["id"]: r for r in db.rows()}
+    assert all(rows[i]["attempts"] == 1 for i in during)  # only the claim that delivered counted
+    fleet.stop()
+    assert all(code == 0 for code in fleet.running_codes())
+
+    deliveries = await read_queue(amqp, queue, set(before) | set(during))
+    check_deliveries(db, deliveries)
+
+
+async def test_poisoned_message_dies_and_blocks_only_its_aggregate(
+    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, amqp: AmqpService, fleet_factory: Any
+) -> None:
+    exchange = await rabbit.exchange("direct")
+    queue = await rabbit.queue(bind=(exchange, "outbox"))
+    # A body over the broker limit the relay is told about: permanent, sent to dead unsent.
+    poison = db.insert([("order-p", "OrderPlaced", {"blob": "x" * 5000})])
+    behind = db.insert([("order-p", "OrderPaid", {})])
+    others = db.insert((f"order-{i}", "OrderPlaced", {}) for i in range(20))
+    fleet: Fleet = fleet_factory(names, exchange, amqp_max_message_size="4096")
+    fleet.start()
+    deadline = time.monotonic() + 30
+    while db.statuses().get("done", 0) < 20 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    fleet.stop()
+    assert db.row(poison[0])["status"] == "dead"
+    assert db.row(behind[0])["status"] == "pending"  # blocked behind its dead head
+    deliveries = await read_queue(amqp, queue, set(others))
+    assert {d.outbox_id for d in deliveries} == set(others)

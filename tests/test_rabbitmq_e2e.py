@@ -1,0 +1,216 @@
+"""`relay start --broker rabbitmq` as a real process, between a real PostgreSQL outbox and a
+real RabbitMQ: the whole path, its start-up failures, and topology that appears late."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from relay.sqlnames import OutboxNames
+from tests import rabbitmq_broker
+from tests.cli_proc import RELAY, relay_env, run_relay
+from tests.conftest import Db
+from tests.rabbitmq_broker import AmqpService, Rabbit, unique
+
+# The fixtures live in tests/rabbitmq_broker.py (conftest.py belongs to the core suite).
+amqp = rabbitmq_broker.amqp
+rabbit = rabbitmq_broker.rabbit
+
+
+class RelayProcess:
+    """A running `relay start`; its stderr goes to a file, so a chatty relay never blocks
+    on a full pipe."""
+
+    def __init__(self, log: Path, *args: str) -> None:
+        self.log = log
+        self._stderr = log.open("w")
+        self.proc = subprocess.Popen(
+            [RELAY, "start", *args], stdout=subprocess.DEVNULL, stderr=self._stderr, env=relay_env()
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> int:
+        """SIGTERM, as a deployment stops it; returns the exit code."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            self._stderr.close()
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait()
+        self._stderr.close()
+
+    def stderr(self) -> str:
+        return self.log.read_text()
+
+    async def wait_for(self, text: str, timeout: float = 20) -> None:
+        started = time.monotonic()
+        while text not in self.stderr():
+            assert self.alive(), self.stderr()
+            assert time.monotonic() - started < timeout, f"no {text!r} in: {self.stderr()}"
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def relay(tmp_path: Path) -> Iterator[list[RelayProcess]]:
+    """Start relays with ``relay.append(RelayProcess(...))``; any left running are killed."""
+    started: list[RelayProcess] = []
+    yield started
+    for r in started:
+        r.kill()
+
+
+async def wait_until_done(db: Db, process: RelayProcess, total: int, timeout: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        statuses = await asyncio.to_thread(db.statuses)
+        if statuses == {"done": total}:
+            return time.monotonic() - started
+        assert "dead" not in statuses, statuses
+        assert process.alive(), process.stderr()
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"not drained within {timeout}s: {await asyncio.to_thread(db.statuses)}")
+
+
+def relay_args(pg_dsn: str, names: OutboxNames, url: str, *extra: str) -> list[str]:
+    return ["--dsn", pg_dsn, "--schema", names.schema, "--broker", "rabbitmq", "--amqp-url", url, *extra]
+
+
+async def test_relay_start_drains_2000_events_over_50_aggregates_in_order(
+    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relay: list[RelayProcess], tmp_path: Path
+) -> None:
+    exchange = await rabbit.exchange("topic")
+    queue = await rabbit.queue(bind=(exchange, "order.#"))
+    # 40 events per aggregate; three ordered types and one unordered type interleaved.
+    types = ("OrderPlaced", "OrderPaid", "OrderShipped", "EmailSent")
+    rows = [(f"order-{i % 50}", types[(i // 50) % 4], {"seq": i}) for i in range(2000)]
+
+    process = RelayProcess(
+        tmp_path / "relay.log",
+        *relay_args(pg_dsn, names, rabbit.amqp.url),
+        "--exchange",
+        exchange,
+        "--routing-key",
+        "{aggregate_type}.{event_type}",
+        "--workers",
+        "3",
+        "--ordered",
+        "Order*",
+        "--unordered",
+        "Email*",
+    )
+    relay.append(process)
+    # Rows are routed to the ordered or unordered claim when inserted, by the map the
+    # relay stores at start: insert once it has started, as producers of a running relay do.
+    await process.wait_for("relay started")
+    ids = await asyncio.to_thread(db.insert, rows)
+    await wait_until_done(db, process, 2000, timeout=90)
+    assert process.stop() == 0, process.stderr()
+
+    messages = await rabbit.drain(queue, 2000, timeout=30)
+    arrived = [int(m.message_id or 0) for m in messages]
+    assert sorted(arrived) == sorted(ids), "every outbox id exactly once"
+    by_id = {i: row for i, row in zip(ids, rows, strict=True)}
+    ordered_per_aggregate: dict[str, list[int]] = defaultdict(list)
+    for m in messages:
+        headers = m.headers
+        outbox_id = int(m.message_id or 0)
+        aggregate_id, event_type, payload = by_id[outbox_id]
+        assert (headers["outbox_id"], headers["aggregate_id"], headers["event_type"]) == (
+            outbox_id,
+            aggregate_id,
+            event_type,
+        )
+        assert json.loads(m.body) == payload and m.routing_key == f"order.{event_type}"
+        if event_type.startswith("Order"):
+            ordered_per_aggregate[aggregate_id].append(outbox_id)
+    assert len(ordered_per_aggregate) == 50
+    for aggregate_id, sequence in ordered_per_aggregate.items():
+        assert sequence == sorted(sequence), f"{aggregate_id} arrived out of order"
+    assert "Traceback" not in process.stderr()
+
+
+async def test_a_missing_exchange_never_stops_relay_start_and_delivery_begins_once_it_exists(
+    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relay: list[RelayProcess], tmp_path: Path
+) -> None:
+    name = unique("ex")  # created by "the deployment" only after the relay started
+    ids = await asyncio.to_thread(db.insert, [(f"order-{i}", "OrderPlaced", {"i": i}) for i in range(20)])
+    process = RelayProcess(
+        tmp_path / "relay.log",
+        *relay_args(pg_dsn, names, rabbit.amqp.url),
+        "--exchange",
+        name,
+        "--routing-key",
+        "{event_type}",
+        "--workers",
+        "2",
+    )
+    relay.append(process)
+    await asyncio.sleep(3)
+    assert process.alive(), process.stderr()
+    statuses = await asyncio.to_thread(db.statuses)
+    assert set(statuses) <= {"pending", "processing"}, statuses  # nothing dead, nothing sent
+
+    await rabbit.exchange("direct", name=name)
+    queue = await rabbit.queue(bind=(name, "OrderPlaced"))
+    took = await wait_until_done(db, process, 20, timeout=30)
+    assert took < 8, f"delivery began {took:.1f}s after the exchange appeared"
+    assert process.stop() == 0, process.stderr()
+
+    assert sorted(int(m.message_id or 0) for m in await rabbit.drain(queue, 20)) == ids
+    attempts = {row["attempts"] for row in await asyncio.to_thread(db.rows)}
+    assert attempts == {1}, "waiting for the exchange must not spend attempts"
+    errors = [line for line in process.stderr().splitlines() if " ERROR " in line]
+    ours = [line for line in errors if "adapters.rabbitmq:" in line]
+    assert len(ours) == 1, errors  # one line for the outage, not one per batch or message
+    assert f"exchange '{name}' not found" in ours[0]
+    # The core's circuit breaker reports the same outage once more, in its own words.
+    assert all("adapters.rabbitmq:" in line or "relay.breaker:" in line for line in errors), errors
+    assert "delivery resumed" in process.stderr()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.mark.parametrize("fault", ["wrong password", "unknown vhost", "unreachable", "bad routing key"])
+async def test_relay_start_exits_2_with_one_line_on_settings_no_retry_can_fix(
+    pg_dsn: str, names: OutboxNames, amqp: AmqpService, fault: str
+) -> None:
+    secret = "n0t-the-Passw0rd"
+    url, extra, expected = {
+        "wrong password": (amqp.with_password(secret), [], "login refused for user 'guest'"),
+        "unknown vhost": (amqp.with_path("relay-test-nope"), [], "refused to open virtual host 'relay-test-nope'"),
+        "unreachable": (f"amqp://guest:{secret}@127.0.0.1:{closed_port()}/", [], "unreachable"),
+        "bad routing key": (amqp.with_password(secret), ["--routing-key", "{tenant}.{event_type}"], "{tenant}"),
+    }[fault]
+    started = time.monotonic()
+    proc = await asyncio.to_thread(run_relay, "start", *relay_args(pg_dsn, names, url, *extra))
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("relay: "), err
+    assert expected in err, err
+    assert secret not in proc.stderr + proc.stdout
+    if fault != "bad routing key":
+        assert err.startswith("relay: cannot connect to RabbitMQ at amqp://"), err
+        assert elapsed >= 1.5, "gave up without retrying"
