@@ -270,10 +270,25 @@ async def test_crashes_killed_sessions_and_unlocked_producers(
     )
     producer.start()
     chaos_until = time.monotonic() + 12
+    stranded = 0
     while time.monotonic() < chaos_until:
         await asyncio.sleep(rng.uniform(0.5, 1.5))
-        if rng.random() < 0.6:
+        action = rng.random()
+        if action < 0.35:
             fleet.kill_one(rng)
+            fleet.start()
+        elif action < 0.6:
+            # Kill between publish and finalize: hold the leased rows' locks so every
+            # worker that has published blocks in its finalize, then kill one of them.
+            with psycopg.connect(pg_dsn) as blocker:
+                stranded += len(
+                    blocker.execute(
+                        sql.SQL("SELECT id FROM {} WHERE status = 'processing' FOR UPDATE").format(db.table)
+                    ).fetchall()
+                )
+                await asyncio.sleep(0.5)
+                fleet.kill_one(rng)
+                blocker.rollback()
             fleet.start()
         else:
             with psycopg.connect(pg_dsn, autocommit=True) as admin:
@@ -291,7 +306,11 @@ async def test_crashes_killed_sessions_and_unlocked_producers(
     assert fleet.killed >= 3
 
     deliveries = await read_queue(amqp, queue, {r["id"] for r in db.rows()})
-    check_deliveries(db, deliveries)
+    duplicates = check_deliveries(db, deliveries)
+    print(
+        f"  {fleet.killed} relays killed; {stranded} leased rows held at a kill between publish and finalize;"
+        f" {sum(duplicates.values())} duplicates"
+    )
 
 
 async def test_broker_outage_longer_than_the_backoff_schedule_burns_nothing(
