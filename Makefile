@@ -36,6 +36,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The whole product in one command: a demo outbox in the local PostgreSQL, producers,
+# `relay start --broker sqs` into an embedded SQS FIFO queue, and a consumer's verdict.
+demo: venv
+	$(BIN)/python scripts/demo.py --dsn '$(RUN_DSN)'
+
 # Migrate the outbox in RUN_DSN and deliver it to RUN_BROKER until Ctrl-C.
 run: venv
 	$(BIN)/relay migrate --dsn '$(RUN_DSN)'

@@ -1,0 +1,58 @@
+"""The ``sqs`` broker: delivers outbox messages to an AWS SQS queue, standard or FIFO.
+
+``relay start --broker sqs --queue-url URL`` (or ``RELAY_QUEUE_URL``, or ``queue_url`` in
+the ``[sqs]`` table of the config file). Credentials come from the usual AWS chain
+(environment, profile, IAM role).
+
+How failures are sorted (see :mod:`adapters.sqs.classify`):
+
+- throttling (``RequestThrottled``, a 403; ``ThrottlingException``; ``KMS.ThrottlingException``;
+  ``OverLimit``), 5xx, timeouts, dropped connections, and refused entries with
+  ``SenderFault`` false: **retryable**, the attempt counts;
+- a message too long, with refused characters, attributes or parameters, and refused entries
+  with ``SenderFault`` true: **permanent** for that message only, which goes to 'dead';
+- a missing queue, access denied, a disabled or missing KMS key, rejected credentials, an
+  endpoint refusing connections: **broker unavailable**, for every message of the batch; no
+  attempt is spent, one error names the queue, and workers probe again every 0.5-5 s, so
+  a queue created later is used within seconds;
+- requests the relay built wrong (too many entries, too many bytes, an Id twice): split in
+  two and resent, never 'dead' for a message that fits in a request alone.
+
+The AWS SDK is imported only when the broker is used; this module and its options load
+without it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from adapters.sqs.settings import OPTIONS, SqsSettings
+
+if TYPE_CHECKING:
+    from adapters.sqs.publisher import SqsPublisher
+
+__all__ = ["OPTIONS", "SqsSettings", "create"]
+
+log = logging.getLogger("adapters.sqs")
+
+
+def create(values: Mapping[str, Any]) -> SqsPublisher:
+    """Build the publisher from resolved option values; ``relay.ConfigError`` on bad settings."""
+    from adapters.sqs.publisher import SqsPublisher
+
+    settings = SqsSettings.from_values(values)
+    publish_timeout = values.get("publish_timeout")
+    if isinstance(publish_timeout, timedelta) and settings.worst_call_s() >= publish_timeout.total_seconds():
+        log.warning(
+            "one SQS call may take up to %.0fs (%d SDK attempts x (connect %gs + read %gs)), not less than"
+            " --publish-timeout %gs: slow calls will be cut off and retried by the relay",
+            settings.worst_call_s(),
+            settings.sdk_attempts,
+            settings.connect_timeout_s,
+            settings.read_timeout_s,
+            publish_timeout.total_seconds(),
+        )
+    return SqsPublisher(settings)

@@ -1,0 +1,198 @@
+"""``relay start --broker sqs`` as a real subprocess, against PostgreSQL and moto over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from adapters.sqs import SqsSettings
+from adapters.sqs.publisher import SqsPublisher
+from relay.message import OutboxMessage
+from relay.ordering import OrderingMap
+from relay.sqlnames import OutboxNames
+from relay.store import OutboxStore
+from tests.conftest import Db
+from tests.sqs_server import (  # noqa: F401 - fixtures
+    RelayProcess,
+    make_queue,
+    moto_endpoint,
+    queue_url,
+    receive_all,
+    relay_command,
+    relay_env,
+    sqs_client,
+    unique_queue_name,
+    wait_until,
+)
+
+ORDERING = OrderingMap(default_ordered=False, ordered=("Order*",))
+ORDERING_FLAGS = ("--ordering-default", "unordered", "--ordered", "Order*")
+# One order's life: the Order* events must reach consumers in this order; the others
+# (notifications) may overtake them.
+LIFECYCLE = (
+    "OrderCreated",
+    "OrderItemAdded",
+    "OrderItemAdded",
+    "CustomerNotified",
+    "OrderPriced",
+    "OrderPaid",
+    "ReceiptEmailed",
+    "OrderPacked",
+    "OrderShipped",
+    "CustomerNotified",
+)
+
+
+async def route_by(dsn: str, names: OutboxNames, ordering: OrderingMap) -> None:
+    """Store the ordering map the relay will run with, as `relay start` does: the database
+    routes each row (ordered or not) when it is inserted, by the map stored then."""
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False, kwargs={"autocommit": True}) as pool:
+        await OutboxStore(pool, names, ordering).store_settings()
+
+
+def seed(db: Db, aggregates: int, per_aggregate: int) -> list[dict[str, Any]]:
+    """Events interleaved across aggregates, the way concurrent orders would write them."""
+    rows = []
+    for step in range(per_aggregate):
+        for a in range(aggregates):
+            event = LIFECYCLE[step % len(LIFECYCLE)]
+            rows.append((f"order-{a:03d}", event, {"order": a, "step": step, "event": event}))
+    db.insert(rows)
+    return db.rows()
+
+
+def as_message(row: dict[str, Any]) -> OutboxMessage:
+    return OutboxMessage(
+        id=row["id"],
+        aggregate_type=row["aggregate_type"],
+        aggregate_id=row["aggregate_id"],
+        event_type=row["event_type"],
+        body=json.dumps(row["payload"]).encode(),
+        attempt=1,
+        lease_version=1,
+        ordered=ORDERING.is_ordered(row["event_type"]),
+    )
+
+
+async def deliver_without_finalizing(url: str, endpoint: str, rows: list[dict[str, Any]]) -> None:
+    """What a relay that crashed after publishing and before finalizing leaves behind:
+    these messages are in the queue and their rows are still pending in the outbox."""
+    publisher = SqsPublisher(SqsSettings(queue_url=url, region="us-east-1", endpoint_url=endpoint))
+    await publisher.start()
+    try:
+        for row in rows:  # one at a time, in id order, as the ordered claim would
+            assert await publisher.publish([as_message(row)]) == [None]
+    finally:
+        await publisher.close()
+
+
+def test_relay_with_three_workers_drains_1000_events_over_50_aggregates_into_a_fifo_queue(
+    pg_dsn: str,
+    db: Db,
+    make_queue: Any,  # noqa: F811
+    moto_endpoint: str,  # noqa: F811
+    sqs_client: Any,  # noqa: F811
+) -> None:
+    url = make_queue(fifo=True)
+    asyncio.run(route_by(pg_dsn, db.names, ORDERING))
+    rows = seed(db, aggregates=50, per_aggregate=20)
+    assert sum(r["ordered"] for r in rows) == 700  # CustomerNotified and ReceiptEmailed are not
+    assert len(rows) == 1000
+    # The first two ordered events of ten orders were already delivered by a relay that
+    # died before recording it: the relay sends them again and SQS must collapse them.
+    by_aggregate: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if ORDERING.is_ordered(row["event_type"]):
+            by_aggregate[row["aggregate_id"]].append(row)
+    already = [r for agg in sorted(by_aggregate)[:10] for r in by_aggregate[agg][:2]]
+    asyncio.run(deliver_without_finalizing(url, moto_endpoint, already))
+
+    relay = RelayProcess(
+        "--dsn", pg_dsn, "--schema", db.names.schema,
+        "--broker", "sqs", "--queue-url", url, "--endpoint-url", moto_endpoint, "--region", "us-east-1",
+        "--workers", "3", "--poll-interval", "100ms", *ORDERING_FLAGS,
+    )  # fmt: skip
+    try:
+        drained = wait_until(lambda: db.statuses() == {"done": 1000} or not relay.running(), timeout=120)
+        assert drained and relay.running(), relay.log()[-3000:]
+        assert relay.stop() == 0, relay.log()[-3000:]
+    finally:
+        relay.close()
+
+    got = receive_all(sqs_client, url, idle_s=0.3)
+    ids = [r.outbox_id for r in got]
+    assert len(ids) == len(set(ids)) == 1000, "every outbox id exactly once: redeliveries collapsed"
+    assert set(ids) == {r["id"] for r in rows}
+    per_group: dict[str, list[int]] = defaultdict(list)
+    for r in got:
+        assert r.system["MessageGroupId"] == r.attributes["aggregate_id"]
+        if ORDERING.is_ordered(r.attributes["event_type"]):
+            per_group[r.system["MessageGroupId"]].append(r.outbox_id)
+    assert len(per_group) == 50
+    for group, sequence in per_group.items():
+        assert sequence == sorted(sequence), f"order broken in group {group}"
+
+
+def test_a_queue_created_after_the_relay_started_is_used_within_seconds(
+    pg_dsn: str,
+    db: Db,
+    moto_endpoint: str,  # noqa: F811
+    sqs_client: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    name = unique_queue_name(fifo=True)
+    url = queue_url(moto_endpoint, name)
+    # Unordered events: this test times the outage's end, which the ordered claim's
+    # commit-order guard could stretch if another client of the database held a long
+    # transaction open.
+    asyncio.run(route_by(pg_dsn, db.names, OrderingMap(default_ordered=False)))
+    ids = db.insert([(f"order-{i % 5}", "CustomerNotified", {"i": i}) for i in range(20)])
+    # Settings from each source: the queue from the TOML file, the endpoint and region
+    # from RELAY_* variables, the database from flags.
+    config = tmp_path / "relay.toml"
+    config.write_text(f'[sqs]\nqueue_url = "{url}"\n')
+    env = relay_env(RELAY_ENDPOINT_URL=moto_endpoint, RELAY_REGION="us-east-1")
+    relay = RelayProcess(
+        "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema,
+        "--broker", "sqs", "--workers", "2", "--poll-interval", "100ms", "--ordering-default", "unordered",
+        env=env,
+    )  # fmt: skip
+    try:
+        time.sleep(3)  # several outage rounds
+        assert relay.running(), relay.log()
+        statuses = db.statuses()
+        assert "done" not in statuses and "dead" not in statuses, statuses
+        assert max(r["attempts"] for r in db.rows()) <= 1, "an outage must not spend attempts"
+        outage_lines = [line for line in relay.log().splitlines() if "is unavailable" in line]
+        assert len(outage_lines) == 1 and url in outage_lines[0], relay.log()
+
+        sqs_client.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})
+        created = time.monotonic()
+        assert wait_until(lambda: db.statuses() == {"done": 20}, timeout=15), db.statuses()
+        took = time.monotonic() - created
+        assert took < 8, f"took {took:.1f}s after the queue appeared"
+        assert "delivery resumed" in relay.log()
+        assert relay.stop() == 0, relay.log()[-3000:]
+    finally:
+        relay.close()
+    assert sorted(r.outbox_id for r in receive_all(sqs_client, url)) == ids
+
+
+def test_start_without_a_queue_url_exits_2_with_one_line(pg_dsn: str) -> None:
+    done = subprocess.run(
+        [*relay_command(), "start", "--dsn", pg_dsn, "--broker", "sqs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=relay_env(),
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("relay: no SQS queue: pass --queue-url"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
