@@ -9,8 +9,10 @@ What every scenario asserts, from what the consumer read off the queue:
 - no row is dead that was not poisoned on purpose;
 - duplicates are counted and printed (at-least-once allows them; consumers de-duplicate).
 
-Run on its own with `pytest -m faults`. These tests stop and start the shared RabbitMQ
-application, so they must not run beside other suites that use it.
+Run on its own with `make test-faults` (`pytest -m faults`; REPEAT=5 runs it five times).
+The RabbitMQ scenarios stop and start the shared RabbitMQ application, so they must not
+run beside other suites that use it. The SQS scenarios run against moto in server mode,
+on a server of their own that the outage scenario stops and starts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import os
 import random
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -29,20 +32,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
+import boto3
 import psycopg
 import pytest
 from psycopg import sql
 
 from relay.sqlnames import OutboxNames
-from tests import rabbitmq_broker
+from tests import rabbitmq_broker, sqs_server
 from tests.cli_proc import RELAY, relay_env
 from tests.conftest import Db
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, unique
+from tests.sqs_server import receive_all
 
 # The broker fixtures live in tests/rabbitmq_broker.py.
 amqp = rabbitmq_broker.amqp
 ctl = rabbitmq_broker.ctl
 rabbit = rabbitmq_broker.rabbit
+# The SQS fixture lives in tests/sqs_server.py (it also sets the fake AWS credentials the
+# relay processes inherit).
+moto_endpoint = sqs_server.moto_endpoint
 
 pytestmark = pytest.mark.faults
 
@@ -377,3 +385,131 @@ async def test_poisoned_message_dies_and_blocks_only_its_aggregate(
     assert db.row(behind[0])["status"] == "pending"  # blocked behind its dead head
     deliveries = await read_queue(amqp, queue, set(others))
     assert {d.outbox_id for d in deliveries} == set(others)
+
+
+# -- the same checks against SQS (moto in server mode), for the faults that apply --------
+
+
+@pytest.fixture
+def own_moto(moto_endpoint: str) -> Iterator[Any]:
+    """A moto server of this test's own on a fixed port, which the test may stop and
+    start again (moto keeps its queues in the process, so they survive)."""
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    holder = {"server": ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)}
+    holder["server"].start()
+
+    class Control:
+        endpoint = f"http://127.0.0.1:{port}"
+
+        def stop(self) -> None:
+            holder["server"].stop()
+
+        def start(self) -> None:
+            holder["server"] = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+            holder["server"].start()
+
+    yield Control()
+    with contextlib.suppress(Exception):
+        holder["server"].stop()
+
+
+def sqs_fleet(fleet_factory_env: dict[str, str], names: OutboxNames, queue_url: str, endpoint: str) -> Fleet:
+    args = [
+        "--schema", names.schema, "--broker", "sqs", "--queue-url", queue_url, "--endpoint-url", endpoint,
+        "--region", "us-east-1", "--workers", "2", "--batch-size", "20", "--lease", "3s",
+        "--publish-timeout", "2s", "--poll-interval", "200ms", "--backoff-base", "100ms", "--backoff-cap", "1s",
+        "--max-attempts", "3", "--ordering-default", "unordered", "--ordered", ORDERED, "--shutdown-grace", "5s",
+        "--sqs-read-timeout", "1s", "--sqs-connect-timeout", "500ms",
+    ]  # fmt: skip
+    return Fleet(args, fleet_factory_env)
+
+
+def sqs_deliveries(client: Any, url: str) -> list[Delivery]:
+    return [
+        Delivery(
+            m.outbox_id, m.attributes["aggregate_id"], m.attributes["event_type"], int(m.attributes["lease_version"])
+        )
+        for m in receive_all(client, url, idle_s=1.0)
+    ]
+
+
+async def test_sqs_crashes_killed_sessions_and_unlocked_producers(
+    pg_dsn: str, names: OutboxNames, db: Db, own_moto: Any
+) -> None:
+    seed = int(os.environ.get("RELAY_FAULT_SEED") or random.randrange(1 << 30))
+    print(f"\n  fault schedule seed {seed} (RELAY_FAULT_SEED={seed} replays it)")
+    rng = random.Random(seed)
+    client = boto3.client("sqs", endpoint_url=own_moto.endpoint, region_name="us-east-1")
+    url = client.create_queue(QueueName=unique("faults") + ".fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    fleet = sqs_fleet(relay_env(RELAY_DSN=pg_dsn, RELAY_LOG_LEVEL="warning"), names, url, own_moto.endpoint)
+    try:
+        for _ in range(3):
+            fleet.start()
+        written: list[int] = []
+        producer = threading.Thread(
+            target=lambda: written.append(produce_interleaved(pg_dsn, names, aggregates=20, rounds=25, seed=seed))
+        )
+        producer.start()
+        chaos_until = time.monotonic() + 10
+        while time.monotonic() < chaos_until:
+            await asyncio.sleep(rng.uniform(0.5, 1.5))
+            if rng.random() < 0.6:
+                fleet.kill_one(rng)
+                fleet.start()
+            else:
+                with psycopg.connect(pg_dsn, autocommit=True) as admin:
+                    admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE application_name = 'outbox-relay' AND pid <> pg_backend_pid()"
+                    )
+        producer.join()
+        deadline = time.monotonic() + 60
+        while db.statuses() != {"done": written[0]} and time.monotonic() < deadline:
+            await asyncio.sleep(0.3)
+        assert db.statuses() == {"done": written[0]}, db.statuses()
+    finally:
+        fleet.stop()
+    assert all(code == 0 for code in fleet.running_codes()), fleet.running_codes()
+    check_deliveries(db, await asyncio.to_thread(sqs_deliveries, client, url))
+
+
+async def test_sqs_outage_longer_than_the_backoff_schedule_burns_nothing(
+    pg_dsn: str, names: OutboxNames, db: Db, own_moto: Any
+) -> None:
+    client = boto3.client("sqs", endpoint_url=own_moto.endpoint, region_name="us-east-1")
+    url = client.create_queue(QueueName=unique("outage") + ".fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    fleet = sqs_fleet(relay_env(RELAY_DSN=pg_dsn, RELAY_LOG_LEVEL="warning"), names, url, own_moto.endpoint)
+    try:
+        fleet.start()
+        before = db.insert((f"order-{i % 10}", "OrderPlaced" if i % 2 else "EmailQueued", {"i": i}) for i in range(40))
+        deadline = time.monotonic() + 30
+        while db.statuses() != {"done": 40} and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert db.statuses() == {"done": 40}
+        own_moto.stop()  # the endpoint refuses connections: SQS is unreachable
+        try:
+            during = db.insert(
+                (f"order-{i % 10}", "OrderPlaced" if i % 2 else "EmailQueued", {"i": i}) for i in range(30)
+            )
+            await asyncio.sleep(8)  # the whole retry schedule (--max-attempts 3, cap 1 s) is about 2 s
+            rows = {r["id"]: r for r in db.rows()}
+            assert all(rows[i]["status"] == "pending" for i in during), Counter(rows[i]["status"] for i in during)
+            assert all(rows[i]["attempts"] == 0 for i in during), Counter(rows[i]["attempts"] for i in during)
+        finally:
+            own_moto.start()
+        deadline = time.monotonic() + 60
+        while db.statuses() != {"done": 70} and time.monotonic() < deadline:
+            await asyncio.sleep(0.3)
+        assert db.statuses() == {"done": 70}
+        rows = {r["id"]: r for r in db.rows()}
+        assert all(rows[i]["attempts"] == 1 for i in during)
+    finally:
+        fleet.stop()
+    assert all(code == 0 for code in fleet.running_codes())
+    deliveries = await asyncio.to_thread(sqs_deliveries, client, url)
+    assert {d.outbox_id for d in deliveries} >= set(before) | set(during)
+    check_deliveries(db, deliveries)
