@@ -53,22 +53,19 @@ WITH cursor AS (
            ready_at = excluded.ready_at
      WHERE h.head_id IS NULL
     RETURNING 1
-), advanced AS (
-    -- Without the guard, rows above the horizon are offered early and offered again
-    -- later (a no-op); the cursor itself never passes a still-running transaction.
-    UPDATE {q_cursor} AS c
-       SET ingested_xid = greatest(c.ingested_xid, (SELECT xid FROM horizon))
-      FROM cursor
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM offered) AS offered,
-       (SELECT extract(epoch FROM now() - min(o.created_at))::float8
-          FROM {outbox} AS o
-         WHERE %(guard)s
-           AND o.status = 'pending'
-           AND o.ordered
-           AND o.xid >= (SELECT xid FROM horizon)) AS held_back_s,
-       (SELECT count(*) FROM advanced) AS ran;
+-- The cursor update is the statement itself, not one more CTE: as a CTE under a SELECT
+-- the same update measured 15 ms instead of 0.5.
+UPDATE {q_cursor} AS c
+   SET ingested_xid = greatest(c.ingested_xid, horizon.xid)
+  FROM horizon, cursor
+RETURNING (SELECT count(*) FROM offered) AS offered,
+          (SELECT extract(epoch FROM now() - min(o.created_at))::float8
+             FROM {outbox} AS o
+            WHERE %(guard)s
+              AND o.status = 'pending'
+              AND o.ordered
+              AND o.xid >= horizon.xid) AS held_back_s;
 
 -- claim_unordered --
 -- Lease a batch of ready rows of unordered event types (plain SKIP LOCKED).
