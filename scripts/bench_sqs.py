@@ -16,8 +16,9 @@ built by the adapter's own ``prepare``) to the same embedded SQS, each into a fr
   messages, timed from its "relay started" log line to the last row's ``done_at``
   (PostgreSQL claim, publish, fenced finalize: the whole path).
 
-Raw and relay alternate for ``--rounds`` rounds and the medians are compared, so that a
-burst of other work on the machine does not land on one side only. Each line also says
+Raw and relay alternate for ``--rounds`` rounds and the medians are compared. A round in
+which any run saw CPU spent by other work on the machine is marked disturbed, and left
+out of the medians when undisturbed rounds exist. Each line also says
 where the CPU went: the sending process, the SQS process, PostgreSQL, and the rest of
 the machine (anyone else's work).
 
@@ -69,6 +70,9 @@ from relay.store import OutboxStore
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bench_sqs"
 REGION = "us-east-1"
+# A round counts as undisturbed when no run in it saw more than this much CPU spent by work
+# that was not its own (the machine may be shared).
+FOREIGN_CPU_LIMIT_S = 0.5
 FAKE_AWS = {
     "AWS_ACCESS_KEY_ID": "bench",
     "AWS_SECRET_ACCESS_KEY": "bench",
@@ -217,6 +221,12 @@ class Run:
 
     def rate(self, n: int) -> float:
         return n / self.seconds
+
+    def foreign_cpu(self, *, uses_postgres: bool) -> float:
+        """CPU seconds of work that was not this run's: anything outside the three processes
+        (and, for a raw run, any PostgreSQL activity at all, including backends exiting)."""
+        rest = self.machine_cpu - self.client_cpu - self.sqs_cpu - self.postgres_cpu
+        return max(rest, 0.0) + (0.0 if uses_postgres else abs(self.postgres_cpu))
 
     def cpu_note(self) -> str:
         rest = self.machine_cpu - self.client_cpu - self.sqs_cpu - self.postgres_cpu
@@ -386,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     raws: list[Run] = []
     tuned: list[Run] = []
     relays: list[Run] = []
+    clean: list[int] = []  # rounds no other work disturbed
     try:
         for r in range(1, args.rounds + 1):
             # The strictest baseline: raw at every pool size, the fastest counts.
@@ -399,15 +410,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r}: raw by pool size: " + ", ".join(f"{k} thr {v.rate(n):.0f}" for k, v in by_pool.items()))
             print(f"         raw ({best:2d} thr)  {raw.rate(n):6.0f} msg/s  {raw.seconds:6.2f}s  {raw.cpu_note()}")
             print(f"         raw, tuned    {t.rate(n):6.0f} msg/s  {t.seconds:6.2f}s  {t.cpu_note()}")
+            foreign = max(
+                *(v.foreign_cpu(uses_postgres=False) for v in (*by_pool.values(), t)),
+                relay.foreign_cpu(uses_postgres=True),
+            )
+            if foreign < FOREIGN_CPU_LIMIT_S:
+                clean.append(r - 1)
             print(
                 f"         relay         {relay.rate(n):6.0f} msg/s  {relay.seconds:6.2f}s  {relay.cpu_note()}"
                 f"   ratio {relay.rate(n) / raw.rate(n):.2f}"
+                + ("" if foreign < FOREIGN_CPU_LIMIT_S else f"   (disturbed: {foreign:.1f} cpu s of other work)")
             )
     finally:
         sqs.stop()
-    raw_rate = statistics.median(run.rate(n) for run in raws)
-    tuned_rate = statistics.median(run.rate(n) for run in tuned)
-    relay_rate = statistics.median(run.rate(n) for run in relays)
+    rounds = clean or list(range(len(relays)))
+    if clean:
+        print(f"{len(clean)} of {len(relays)} rounds undisturbed by other work; medians over those")
+    else:
+        print(f"every round was disturbed by other work on the machine: medians over all {len(relays)}, unreliable")
+    raw_rate = statistics.median(raws[i].rate(n) for i in rounds)
+    tuned_rate = statistics.median(tuned[i].rate(n) for i in rounds)
+    relay_rate = statistics.median(relays[i].rate(n) for i in rounds)
     print(
         f"median: relay {relay_rate:.0f} msg/s vs raw boto3 {raw_rate:.0f} msg/s (best pool size of each round):"
         f" ratio {relay_rate / raw_rate:.2f} (goal 0.90)"
