@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -18,12 +19,14 @@ from relay.config import (
     CORE_OPTIONS,
     LOG_OPTIONS,
     OPERATE_OPTIONS,
+    ORDERING_OPTIONS,
     START_OPTIONS,
     Option,
     RelaySettings,
     check_file_keys,
     load_file,
     names_from,
+    ordering_from,
     require_dsn,
     resolve,
 )
@@ -31,6 +34,7 @@ from relay.db import connect
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable
 from relay.migrate import migrate as apply_migrations
+from relay.store import store_ordering
 
 BROKER_OPTIONS = broker_options()
 ALL_OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
@@ -89,22 +93,37 @@ def cli() -> None:
     """outbox-relay: delivers transactional-outbox rows from PostgreSQL to a broker."""
 
 
+# For migrate, the ordering options default to "not given": only a map someone asked for
+# replaces the stored one.
+MIGRATE_OPTIONS = (*CORE_OPTIONS, *(replace(o, default=None) for o in ORDERING_OPTIONS), *LOG_OPTIONS)
+
+
 @cli.command("migrate")
-@with_options((*CORE_OPTIONS, *LOG_OPTIONS))
+@with_options(MIGRATE_OPTIONS)
 def migrate_cmd(**cli_values: Any) -> None:
-    """Create or upgrade the outbox table (idempotent; safe to run concurrently)."""
-    values = settings_for((*CORE_OPTIONS, *LOG_OPTIONS), cli_values)
+    """Create or upgrade the outbox table (idempotent; safe to run concurrently).
+
+    With --ordering-default/--ordered/--unordered (or an [ordering] table in --config), also
+    store that ordering map, so rows written before the first `relay start` are routed by it.
+    """
+    values = settings_for(MIGRATE_OPTIONS, cli_values)
     logs.configure(values["log_level"], values["log_format"])
     dsn, names = require_dsn(values), names_from(values)
+    given = any(values[o.dest] not in (None, ()) for o in ORDERING_OPTIONS)
+    ordering = ordering_from(values) if given else None
 
     async def run() -> None:
         conn = await connect(dsn)
         async with conn:
             result = await apply_migrations(conn, names)
+            if ordering is not None:
+                await store_ordering(conn, names, ordering)
         if result.applied:
             click.echo(f"{names.qualified}: applied {', '.join(result.applied)}")
         else:
             click.echo(f"{names.qualified}: up to date ({len(result.already)} migrations applied earlier)")
+        if ordering is not None:
+            click.echo(f"{names.qualified}: ordering map stored: {ordering.describe()}")
 
     asyncio.run(run())
 

@@ -308,9 +308,7 @@ class RelaySettings:
             )
         if v["backoff_cap"] < v["backoff_base"]:
             raise ConfigError("--backoff-cap must not be shorter than --backoff-base")
-        ordering = OrderingMap(
-            default_ordered=v["ordering_default"] == "ordered", ordered=v["ordered"], unordered=v["unordered"]
-        )
+        ordering = ordering_from(v)
         worker = WorkerConfig(
             batch_size=v["batch_size"],
             lease=lease,
@@ -333,6 +331,18 @@ class RelaySettings:
             notify=v["notify"],
             commit_order_guard=v["commit_order_guard"],
         )
+
+
+ORDERING_OPTIONS = tuple(o for o in START_OPTIONS if o.section == "ordering")
+
+
+def ordering_from(v: Mapping[str, Any]) -> OrderingMap:
+    """The ordering map from resolved option values (defaults where a value is None)."""
+    return OrderingMap(
+        default_ordered=(v.get("ordering_default") or "ordered") == "ordered",
+        ordered=v.get("ordered") or (),
+        unordered=v.get("unordered") or (),
+    )
 
 
 def require_dsn(v: Mapping[str, Any]) -> str:

@@ -42,6 +42,12 @@ class Claim:
     held_back_s: float | None = None
 
 
+async def store_ordering(conn: psycopg.AsyncConnection[Any], names: OutboxNames, ordering: OrderingMap) -> None:
+    """Store ``ordering`` as the map inserts are routed by (what `relay migrate --ordered`
+    does before any relay has started)."""
+    await conn.execute(names.render(named_queries()["store_ordering"]), ordering.sql_params())
+
+
 class OutboxStore:
     """Claims and finalizes rows of one outbox table."""
 

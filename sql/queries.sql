@@ -142,6 +142,16 @@ UPDATE {q_settings}
 RETURNING previous.ord_default, previous.ord_names, previous.unord_names, previous.ord_patterns,
           previous.unord_patterns, previous.notify;
 
+-- store_ordering --
+-- Store an ordering map alone (relay migrate --ordered ...), so rows written before the first relay start are routed by it.
+UPDATE {q_settings}
+   SET ord_default    = %(ord_default)s,
+       ord_names      = %(ord_names)s,
+       unord_names    = %(unord_names)s,
+       ord_patterns   = %(ord_patterns)s,
+       unord_patterns = %(unord_patterns)s,
+       updated_at     = now();
+
 -- finalize --
 -- Write a batch of outcomes in one statement, each row fenced by status = 'processing' and its lease_version; returns the ids written.
 UPDATE {outbox} AS o

@@ -168,3 +168,29 @@ def test_env_and_config_feed_the_same_options(pg_dsn: str, fresh_schema: str, tm
     finally:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(other)))
+
+
+def test_migrate_can_store_the_ordering_map_before_any_relay_starts(pg_dsn: str, fresh_schema: str) -> None:
+    proc = run_relay(
+        "migrate", "--dsn", pg_dsn, "--schema", fresh_schema, "--ordering-default", "unordered", "--ordered", "Order*"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ordering map stored: default=unordered ordered=['Order*']" in proc.stdout
+    table = sql.Identifier(fresh_schema, "outbox")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+                " VALUES ('order', 'o1', 'OrderPlaced', '{{}}'), ('order', 'o1', 'EmailQueued', '{{}}')"
+            ).format(table)
+        )
+        routed = conn.execute(sql.SQL("SELECT event_type, ordered FROM {} ORDER BY id").format(table)).fetchall()
+    assert routed == [("OrderPlaced", True), ("EmailQueued", False)]
+    # Without ordering options, migrate leaves the stored map alone.
+    again = run_relay("migrate", "--dsn", pg_dsn, "--schema", fresh_schema)
+    assert "ordering map stored" not in again.stdout
+    with psycopg.connect(pg_dsn) as conn:
+        [(default,)] = conn.execute(
+            sql.SQL("SELECT ord_default FROM {}").format(sql.Identifier(fresh_schema, "outbox_settings"))
+        ).fetchall()
+    assert default is False
