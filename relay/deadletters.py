@@ -29,6 +29,7 @@ from typing import Any, Literal
 from psycopg.rows import dict_row
 
 from relay.errors import ConfigError
+from relay.message import log_fields
 from relay.sqlnames import OutboxNames
 from relay.status import Conn, age_text, ops_query
 
@@ -137,12 +138,7 @@ class Touched:
     ordered: bool
 
     def log_fields(self) -> dict[str, Any]:
-        return {
-            "outbox_id": self.id,
-            "aggregate_id": self.aggregate_id,
-            "event_type": self.event_type,
-            "lease_version": self.lease_version,
-        }
+        return log_fields(self.id, self.aggregate_id, self.event_type, self.lease_version)
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,17 @@ class OutboxMessage:
 
     def log_fields(self) -> dict[str, Any]:
         """The fields every log line about this message carries."""
-        return {
-            "outbox_id": self.id,
-            "aggregate_id": self.aggregate_id,
-            "event_type": self.event_type,
-            "lease_version": self.lease_version,
-        }
+        return log_fields(self.id, self.aggregate_id, self.event_type, self.lease_version)
+
+
+def log_fields(outbox_id: int, aggregate_id: str, event_type: str, lease_version: int) -> dict[str, Any]:
+    """What every log line about one outbox row carries (as ``extra``), whoever logs it."""
+    return {
+        "outbox_id": outbox_id,
+        "aggregate_id": aggregate_id,
+        "event_type": event_type,
+        "lease_version": lease_version,
+    }
 
 
 Kind = Literal["published", "retry", "defer", "dead", "released", "broker_unavailable"]

@@ -21,7 +21,7 @@ from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
 from relay.decide import TIMEOUT_PREFIX, Policy, describe, failure_class, is_classified
 from relay.errors import BrokerUnavailable, RetryableError
-from relay.message import Decision, OutboxMessage
+from relay.message import Decision, OutboxMessage, log_fields
 from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore, Reaped
 
@@ -235,12 +235,7 @@ class Worker:
 
     def _report_housekeeping(self, reaped: Sequence[Reaped], held_back_s: float | None) -> None:
         for row in reaped:
-            fields = {
-                "outbox_id": row.id,
-                "aggregate_id": row.aggregate_id,
-                "event_type": row.event_type,
-                "lease_version": row.lease_version,
-            }
+            fields = log_fields(row.id, row.aggregate_id, row.event_type, row.lease_version)
             if row.status == "dead":
                 self.stats.reaped += 1
                 self.metrics.reaped()

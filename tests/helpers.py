@@ -34,3 +34,14 @@ def make_worker(
         policy=Policy(max_attempts=max_attempts, backoff=backoff or Backoff(), defer_max_age=defer_max_age),
     )
     return Worker(store=store, publisher=publisher, owner=owner, config=config), publisher
+
+
+def terminate_relay_sessions(dsn: str) -> None:
+    """Kill every relay session in PostgreSQL (they carry application_name outbox-relay)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'outbox-relay' AND pid <> pg_backend_pid()"
+        )

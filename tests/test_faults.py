@@ -41,6 +41,7 @@ from relay.sqlnames import OutboxNames
 from tests import rabbitmq_broker, sqs_server
 from tests.cli_proc import RELAY, relay_env
 from tests.conftest import Db
+from tests.helpers import terminate_relay_sessions
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, unique
 from tests.sqs_server import receive_all
 
@@ -299,11 +300,7 @@ async def test_crashes_killed_sessions_and_unlocked_producers(
                 blocker.rollback()
             fleet.start()
         else:
-            with psycopg.connect(pg_dsn, autocommit=True) as admin:
-                admin.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE application_name = 'outbox-relay' AND pid <> pg_backend_pid()"
-                )
+            terminate_relay_sessions(pg_dsn)
     producer.join()
     deadline = time.monotonic() + 60
     while db.statuses() != {"done": written[0]} and time.monotonic() < deadline:
@@ -461,11 +458,7 @@ async def test_sqs_crashes_killed_sessions_and_unlocked_producers(
                 fleet.kill_one(rng)
                 fleet.start()
             else:
-                with psycopg.connect(pg_dsn, autocommit=True) as admin:
-                    admin.execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                        " WHERE application_name = 'outbox-relay' AND pid <> pg_backend_pid()"
-                    )
+                terminate_relay_sessions(pg_dsn)
         producer.join()
         deadline = time.monotonic() + 60
         while db.statuses() != {"done": written[0]} and time.monotonic() < deadline:

@@ -21,7 +21,7 @@ from relay.runner import run_relay
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.conftest import Db
-from tests.helpers import make_worker
+from tests.helpers import make_worker, terminate_relay_sessions
 from tests.test_runner import settings_for, wait_until
 
 
@@ -108,19 +108,12 @@ async def test_breaker_probe_with_no_rows_keeps_it_open() -> None:
 async def test_finalize_survives_killed_database_connections(pg_dsn: str, names: OutboxNames, db: Db) -> None:
     ids = db.insert((f"agg-{i}", "E", {}) for i in range(20))
 
-    def kill_relay_sessions(_: Any) -> None:
-        with psycopg.connect(pg_dsn, autocommit=True) as admin:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = 'outbox-relay' AND pid <> pg_backend_pid()"
-            )
-
     killed = {"done": False}
 
     def script(m: Any) -> None:
         if not killed["done"]:
             killed["done"] = True
-            kill_relay_sessions(m)  # while the batch is "at the broker"
+            terminate_relay_sessions(pg_dsn)  # while the batch is "at the broker"
         return None
 
     publisher = InMemoryPublisher(script=script)
