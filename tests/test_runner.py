@@ -101,9 +101,16 @@ async def test_start_serves_metrics_and_health_and_prunes_on_schedule(pg_dsn: st
     task = asyncio.create_task(run_relay(settings_for(pg_dsn, names, workers=2), publisher, stop, operate=operate))
     try:
         await wait_until(lambda: len(publisher.delivered) == 30)
-        status, body = await _get(f"http://127.0.0.1:{port}/metrics")
-        assert status == 200
-        assert 'outbox_relay_messages_total{event_type="OrderPlaced",outcome="published"} 30.0' in body
+        # The counter moves when the finalize is written, a moment after the broker's ack.
+        published = 'outbox_relay_messages_total{event_type="OrderPlaced",outcome="published"} 30.0'
+        deadline = time.monotonic() + 10
+        while True:
+            status, body = await _get(f"http://127.0.0.1:{port}/metrics")
+            assert status == 200
+            if published in body or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert published in body
         assert "outbox_relay_claim_seconds_bucket" in body
         assert "outbox_relay_circuit_open 0.0" in body
         assert (await _get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
