@@ -148,18 +148,10 @@ def register(cli: click.Group) -> None:
     ) -> None:
         """Re-drive dead messages: back to pending, attempts reset, available now, in id order,
         so a dead head's aggregate resumes in order. Give IDS, a filter, --group or --all."""
-        selection = _selection(ids, group, all_dead, cli_values)
-        dsn, names = setup(cli_values)
-        who = by or default_operator()
-
-        async def body(conn: Conn) -> str:
-            chosen = await _resolve(conn, names, selection)
-            result = await retry(conn, names, chosen, by=who, note=reason, dry_run=dry_run)
-            if result.refused:
-                raise ConfigError(refusal_line(result))
-            return json.dumps(jsonable(result), indent=2) if as_json else render_write(result)
-
-        click.echo(_run(lambda: _with_conn(dsn, names, body)))
+        _dead_write(
+            lambda conn, names, chosen, who: retry(conn, names, chosen, by=who, note=reason, dry_run=dry_run),
+            ids, group, all_dead, by, as_json, cli_values,
+        )  # fmt: skip
 
     @dead_group.command("skip")
     @with_options(OPS_OPTIONS)
@@ -179,13 +171,28 @@ def register(cli: click.Group) -> None:
         so the ordered aggregate behind each moves on. Give IDS, a filter, --group or --all."""
         if not reason or not reason.strip():
             raise ConfigError("relay dead skip needs --reason TEXT: it is recorded with the skipped messages")
+        _dead_write(
+            lambda conn, names, chosen, who: skip(conn, names, chosen, by=who, reason=reason, dry_run=dry_run),
+            ids, group, all_dead, by, as_json, cli_values,
+        )  # fmt: skip
+
+    def _dead_write(
+        write: Callable[..., Awaitable[Any]],
+        ids: tuple[str, ...],
+        group: str | None,
+        all_dead: bool,
+        by: str | None,
+        as_json: bool,
+        cli_values: dict[str, Any],
+    ) -> None:
+        """What `dead retry` and `dead skip` share: pick the rows, write, refuse on any bad id."""
         selection = _selection(ids, group, all_dead, cli_values)
         dsn, names = setup(cli_values)
         who = by or default_operator()
 
         async def body(conn: Conn) -> str:
             chosen = await _resolve(conn, names, selection)
-            result = await skip(conn, names, chosen, by=who, reason=reason, dry_run=dry_run)
+            result = await write(conn, names, chosen, who)
             if result.refused:
                 raise ConfigError(refusal_line(result))
             return json.dumps(jsonable(result), indent=2) if as_json else render_write(result)
