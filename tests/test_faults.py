@@ -260,6 +260,43 @@ def produce_interleaved(pg_dsn: str, names: OutboxNames, aggregates: int, rounds
     return written
 
 
+async def run_chaos(fleet: Fleet, rng: random.Random, pg_dsn: str, db: Db, *, seconds: float) -> int:
+    """For ``seconds``, every 0.5-1.5 s: SIGKILL a relay (and start another), or kill one
+    blocked between publish and finalize, or terminate every relay database session.
+    Returns how many leased rows were held at kills between publish and finalize."""
+    stranded = 0
+    chaos_until = time.monotonic() + seconds
+    while time.monotonic() < chaos_until:
+        await asyncio.sleep(rng.uniform(0.5, 1.5))
+        action = rng.random()
+        if action < 0.35:
+            fleet.kill_one(rng)
+            fleet.start()
+        elif action < 0.6:
+            # Hold the leased rows' locks so every worker that has published blocks in its
+            # finalize, then kill one of them.
+            with psycopg.connect(pg_dsn) as blocker:
+                stranded += len(
+                    blocker.execute(
+                        sql.SQL("SELECT id FROM {} WHERE status = 'processing' FOR UPDATE").format(db.table)
+                    ).fetchall()
+                )
+                await asyncio.sleep(0.5)
+                fleet.kill_one(rng)
+                blocker.rollback()
+            fleet.start()
+        else:
+            terminate_relay_sessions(pg_dsn)
+    return stranded
+
+
+async def wait_all_done(db: Db, total: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while db.statuses() != {"done": total} and time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+    assert db.statuses() == {"done": total}, db.statuses()
+
+
 async def test_crashes_killed_sessions_and_unlocked_producers(
     pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, amqp: AmqpService, fleet_factory: Any
 ) -> None:
@@ -278,34 +315,9 @@ async def test_crashes_killed_sessions_and_unlocked_producers(
         target=lambda: written.append(produce_interleaved(pg_dsn, names, aggregates=30, rounds=40, seed=rng.random()))
     )
     producer.start()
-    chaos_until = time.monotonic() + 12
-    stranded = 0
-    while time.monotonic() < chaos_until:
-        await asyncio.sleep(rng.uniform(0.5, 1.5))
-        action = rng.random()
-        if action < 0.35:
-            fleet.kill_one(rng)
-            fleet.start()
-        elif action < 0.6:
-            # Kill between publish and finalize: hold the leased rows' locks so every
-            # worker that has published blocks in its finalize, then kill one of them.
-            with psycopg.connect(pg_dsn) as blocker:
-                stranded += len(
-                    blocker.execute(
-                        sql.SQL("SELECT id FROM {} WHERE status = 'processing' FOR UPDATE").format(db.table)
-                    ).fetchall()
-                )
-                await asyncio.sleep(0.5)
-                fleet.kill_one(rng)
-                blocker.rollback()
-            fleet.start()
-        else:
-            terminate_relay_sessions(pg_dsn)
+    stranded = await run_chaos(fleet, rng, pg_dsn, db, seconds=12)
     producer.join()
-    deadline = time.monotonic() + 60
-    while db.statuses() != {"done": written[0]} and time.monotonic() < deadline:
-        await asyncio.sleep(0.3)
-    assert db.statuses() == {"done": written[0]}, db.statuses()
+    await wait_all_done(db, written[0])
     fleet.stop()
     assert all(code == 0 for code in fleet.running_codes()), fleet.running_codes()
     assert fleet.killed >= 3
@@ -333,10 +345,7 @@ async def test_broker_outage_longer_than_the_backoff_schedule_burns_nothing(
     fleet: Fleet = fleet_factory(names, exchange)
     for _ in range(2):
         fleet.start()
-    deadline = time.monotonic() + 30
-    while db.statuses() != {"done": 100} and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-    assert db.statuses() == {"done": 100}
+    await wait_all_done(db, 100, timeout=30)
 
     ctl.run("stop_app", timeout=60)
     try:
@@ -350,10 +359,7 @@ async def test_broker_outage_longer_than_the_backoff_schedule_burns_nothing(
     finally:
         ctl.run("start_app", timeout=120)
 
-    deadline = time.monotonic() + 60
-    while db.statuses() != {"done": 160} and time.monotonic() < deadline:
-        await asyncio.sleep(0.3)
-    assert db.statuses() == {"done": 160}
+    await wait_all_done(db, 160, timeout=60)
     rows = {r["id"]: r for r in db.rows()}
     assert all(rows[i]["attempts"] == 1 for i in during)  # only the claim that delivered counted
     fleet.stop()
@@ -451,19 +457,9 @@ async def test_sqs_crashes_killed_sessions_and_unlocked_producers(
             target=lambda: written.append(produce_interleaved(pg_dsn, names, aggregates=20, rounds=25, seed=seed))
         )
         producer.start()
-        chaos_until = time.monotonic() + 10
-        while time.monotonic() < chaos_until:
-            await asyncio.sleep(rng.uniform(0.5, 1.5))
-            if rng.random() < 0.6:
-                fleet.kill_one(rng)
-                fleet.start()
-            else:
-                terminate_relay_sessions(pg_dsn)
+        await run_chaos(fleet, rng, pg_dsn, db, seconds=10)
         producer.join()
-        deadline = time.monotonic() + 60
-        while db.statuses() != {"done": written[0]} and time.monotonic() < deadline:
-            await asyncio.sleep(0.3)
-        assert db.statuses() == {"done": written[0]}, db.statuses()
+        await wait_all_done(db, written[0])
     finally:
         fleet.stop()
     assert all(code == 0 for code in fleet.running_codes()), fleet.running_codes()
@@ -479,10 +475,7 @@ async def test_sqs_outage_longer_than_the_backoff_schedule_burns_nothing(
     try:
         fleet.start()
         before = db.insert((f"order-{i % 10}", "OrderPlaced" if i % 2 else "EmailQueued", {"i": i}) for i in range(40))
-        deadline = time.monotonic() + 30
-        while db.statuses() != {"done": 40} and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        assert db.statuses() == {"done": 40}
+        await wait_all_done(db, 40, timeout=30)
         own_moto.stop()  # the endpoint refuses connections: SQS is unreachable
         try:
             during = db.insert(
@@ -494,10 +487,7 @@ async def test_sqs_outage_longer_than_the_backoff_schedule_burns_nothing(
             assert all(rows[i]["attempts"] == 0 for i in during), Counter(rows[i]["attempts"] for i in during)
         finally:
             own_moto.start()
-        deadline = time.monotonic() + 60
-        while db.statuses() != {"done": 70} and time.monotonic() < deadline:
-            await asyncio.sleep(0.3)
-        assert db.statuses() == {"done": 70}
+        await wait_all_done(db, 70, timeout=60)
         rows = {r["id"]: r for r in db.rows()}
         assert all(rows[i]["attempts"] == 1 for i in during)
     finally:
