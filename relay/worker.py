@@ -140,7 +140,7 @@ class Worker:
                 return
             probe = limit is not None
             try:
-                claimed = await self.run_once(limit=limit, probe=probe, stop=stop)
+                claimed = await self.run_once(limit=limit, probe=probe)
                 if db_failures:
                     log.info("database reachable again", extra={"worker": self.owner})
                 db_failures = 0
@@ -170,9 +170,7 @@ class Worker:
             for waiter in waiters:
                 waiter.cancel()
 
-    async def run_once(
-        self, *, limit: int | None = None, probe: bool = False, stop: asyncio.Event | None = None
-    ) -> int:
+    async def run_once(self, *, limit: int | None = None, probe: bool = False) -> int:
         """Claim one batch (at most ``limit`` rows), publish it, finalize it.
         Returns how many rows were claimed."""
         started = time.monotonic()
@@ -211,7 +209,7 @@ class Worker:
             # did get before the cancel is sent again: consumers de-duplicate by id.
             if probe:
                 self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
-            await asyncio.shield(self._finalize([Decision.released(m) for m in messages], stop))
+            await asyncio.shield(self._finalize([Decision.released(m) for m in messages]))
             raise
         unavailable = [o for o in outcomes if isinstance(o, BrokerUnavailable)]
         refused_all = len(unavailable) == len(outcomes)
@@ -230,7 +228,7 @@ class Worker:
         _log_unclassified(outcomes)
         # Shielded: once the broker has the messages, a cancellation (shutdown) must not
         # lose the write that records it.
-        await asyncio.shield(self._finalize(decisions, stop))
+        await asyncio.shield(self._finalize(decisions))
         return len(messages)
 
     def _report_housekeeping(self, reaped: Sequence[Reaped], held_back_s: float | None) -> None:
@@ -280,7 +278,7 @@ class Worker:
             return [bug] * len(messages)
         return outcomes
 
-    async def _finalize(self, decisions: Sequence[Decision], stop: asyncio.Event | None) -> None:
+    async def _finalize(self, decisions: Sequence[Decision]) -> None:
         """Write the decisions; if the database is unreachable, keep trying for as long as
         the lease lasts (fencing makes a late write safe). Past that the rows return to
         'pending' through their expired leases, and the messages are sent again."""
