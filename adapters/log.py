@@ -28,7 +28,7 @@ class LogPublisher:
     async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:
         lines = []
         for m in batch:
-            envelope = {
+            envelope: dict[str, object] = {
                 "outbox_id": m.id,
                 "aggregate_type": m.aggregate_type,
                 "aggregate_id": m.aggregate_id,
@@ -36,6 +36,8 @@ class LogPublisher:
                 "attempt": m.attempt,
                 "lease_version": m.lease_version,
             }
+            if m.aggregate_seq is not None:
+                envelope["aggregate_seq"] = m.aggregate_seq
             # The payload is already JSON text; splice it in rather than decode and re-encode.
             lines.append(json.dumps(envelope)[:-1] + ', "payload": ' + m.body.decode() + "}\n")
         try:

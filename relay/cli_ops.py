@@ -25,7 +25,7 @@ import psycopg
 
 from relay import logs
 from relay.config import CORE_OPTIONS, LOG_OPTIONS, names_from, require_dsn
-from relay.db import connect
+from relay.db import check_schema, connect
 from relay.deadletters import (
     DeadFilter,
     default_operator,
@@ -47,7 +47,7 @@ from relay.explain import render_text as render_explanation
 from relay.prune import DEFAULT_BATCH, prune
 from relay.prune import render_text as render_prune
 from relay.sqlnames import OutboxNames
-from relay.status import Conn, jsonable, read_status, require_ops_schema, to_json
+from relay.status import Conn, jsonable, read_status, to_json
 from relay.status import render_text as render_status
 
 OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)
@@ -354,7 +354,7 @@ async def _resolve(conn: Conn, names: OutboxNames, selection: Selection) -> list
 async def _with_conn(dsn: str, names: OutboxNames, body: Callable[[Conn], Awaitable[T]]) -> T:
     conn = await connect(dsn)
     async with conn:
-        await require_ops_schema(conn, names)
+        await check_schema(conn, names)
         return await body(conn)
 
 
@@ -365,7 +365,7 @@ async def _watch(
     and is retried on the next tick (the first connection must succeed)."""
     conn: Conn | None = await connect(dsn)
     assert conn is not None
-    await require_ops_schema(conn, names)
+    await check_schema(conn, names)
     footer = f"\n\nrefreshing every {format_duration(period)}; Ctrl-C to stop"
     in_place = sys.stdout.isatty() and not as_json
     try:

@@ -133,9 +133,9 @@ START_OPTIONS: tuple[Option, ...] = (
     Option(
         "commit_order_guard",
         "bool",
-        True,
-        "Deliver an aggregate's ordered events in commit order even when producers do not lock it;"
-        " turn off only if every producer locks the aggregate before writing its events.",
+        None,
+        "Deprecated, no effect: ordered events follow commit order whatever the producers lock,"
+        " and no other transaction holds them back. Accepted so existing configurations still start.",
     ),
     Option(
         "notify",
@@ -287,7 +287,8 @@ class RelaySettings:
     ordering: OrderingMap
     shutdown_grace: timedelta = timedelta(seconds=10)
     notify: bool = True
-    commit_order_guard: bool = True
+    # Lines `relay start` logs once as warnings (deprecated options that were given).
+    warnings: tuple[str, ...] = ()
 
     @classmethod
     def from_values(cls, v: Mapping[str, Any]) -> RelaySettings:
@@ -329,11 +330,21 @@ class RelaySettings:
             ordering=ordering,
             shutdown_grace=v["shutdown_grace"],
             notify=v["notify"],
-            commit_order_guard=v["commit_order_guard"],
+            warnings=_deprecations(v),
         )
 
 
 ORDERING_OPTIONS = tuple(o for o in START_OPTIONS if o.section == "ordering")
+
+
+def _deprecations(v: Mapping[str, Any]) -> tuple[str, ...]:
+    if v.get("commit_order_guard") is None:
+        return ()
+    return (
+        "--commit-order-guard/--no-commit-order-guard (RELAY_COMMIT_ORDER_GUARD, commit_order_guard) is deprecated"
+        " and has no effect: ordered events are delivered in commit order whatever the producers lock, and no"
+        " transaction elsewhere holds them back; remove the setting",
+    )
 
 
 def ordering_from(v: Mapping[str, Any]) -> OrderingMap:

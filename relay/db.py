@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from relay.dsn import describe_dsn, mask
 from relay.errors import ConfigError, DatabaseUnavailable
+from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
 
 CONNECT_TIMEOUT_S = 5
@@ -33,6 +35,13 @@ def _reason(exc: BaseException) -> str:
     return mask(text.split(": ", 1)[-1] if text.startswith("connection to server") else text)
 
 
+async def read_committed(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Every transaction of the relay runs at READ COMMITTED, whatever the database's
+    default: the ingest relies on each statement taking a new snapshot (see the ingest in
+    sql/queries.sql), and the heads trigger on seeing rows a concurrent ingest numbered."""
+    await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
+
+
 async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
     """A pool of ``size`` autocommit connections, checked by one real connection first."""
     probe = await connect(dsn)
@@ -47,6 +56,7 @@ async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
         kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S, "application_name": APPLICATION_NAME},
         # Connections found broken are replaced on return instead of handed out again.
         check=AsyncConnectionPool.check_connection,
+        configure=read_committed,
         name="relay",
     )
     await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
@@ -54,8 +64,22 @@ async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
 
 
 async def check_schema(conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> None:
-    """Fail with a clear line when the outbox has not been migrated."""
-    cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{names.schema}"."{names.table}_migrations"',))
+    """Fail with a clear line unless the outbox carries exactly the migrations this release
+    ships: fewer, and `relay migrate` is due; more, and this relay is older than the schema."""
+    ledger = f'"{names.schema}"."{names.table}_migrations"'
+    cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (ledger,))
     row = await cur.fetchone()
     if not row or not row[0]:
         raise ConfigError(f"outbox {names.qualified} is not set up: run `relay migrate` first")
+    cur = await conn.execute(sql.SQL("SELECT version FROM {}").format(names.identifier("q_migrations")))
+    applied = {int(r[0]) for r in await cur.fetchall()}
+    known = {version: f"{version:04d}_{name}" for version, name, _ in migrations()}
+    missing = sorted(set(known) - applied)
+    if missing:
+        raise ConfigError(f"outbox {names.qualified} lacks migration {known[missing[0]]}: run `relay migrate` first")
+    newer = sorted(applied - set(known))
+    if newer:
+        raise ConfigError(
+            f"outbox {names.qualified} has migration {newer[-1]:04d}, newer than this relay knows"
+            f" (up to {max(known):04d}): upgrade outbox-relay on this host"
+        )

@@ -1,11 +1,12 @@
 """`relay explain AGGREGATE_ID`: why an aggregate's ordered messages are or are not moving.
 
 An ordered aggregate moves one message at a time: its head (named by ``<table>_heads``)
-is claimed, published and finished, then the next becomes the head. So "why is it stuck"
-is always a question about the head: dead (an operator must act), leased (in flight, or
-its worker died and the lease has to run out), backing off after a failure, ready and
-waiting for a worker, or not yet offered to the heads table at all. Unordered messages of
-the aggregate are reported beside it; they neither wait for the head nor hold it up.
+is claimed, published and finished, then the one with the next ``aggregate_seq`` becomes
+the head. So "why is it stuck" is always a question about the head: dead (an operator must
+act), leased (in flight, or its worker died and the lease has to run out), backing off
+after a failure, ready and waiting for a worker, or committed but not numbered by a relay
+yet. Unordered messages of the aggregate are reported beside it; they neither wait for the
+head nor hold it up.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class HeadMessage:
     lease_until: datetime | None
     lease_version: int
     created_at: datetime
+    aggregate_seq: int | None
     resolution: str | None  # the last operator action on it ('retried'), if any
     resolved_by: str | None
     resolved_at: datetime | None
@@ -53,9 +55,9 @@ class Explanation:
     reason: str  # one sentence a person can act on
     head: HeadMessage | None
     next_eligible_at: datetime | None  # when the head may be claimed next; None: not by itself
-    waiting_behind: int  # ordered messages queued behind the head
-    not_yet_offered: int  # ordered messages no head names yet (ingest has not reached them)
-    held_by_open_transaction: int  # of those, how many wait for an older transaction to end
+    waiting_behind: int  # numbered ordered messages queued behind the head
+    not_numbered: int  # ordered messages committed but not numbered by an ingest yet
+    last_seq: int  # the last aggregate_seq handed out in this aggregate (0: none yet)
     unordered_pending: int
     unordered_processing: int
     unordered_dead: int
@@ -77,15 +79,14 @@ async def explain(conn: Conn, names: OutboxNames, aggregate_id: str) -> Explanat
     now: datetime = h["now"]
     head = _head(h) if h["id"] is not None else None
     unordered = (u["pending"], u["processing"], u["dead"])
-    if not h["has_heads_row"] and o["n"] == 0 and not any(unordered):
+    if not h["has_heads_row"] and o["n"] == 0 and not o["not_numbered"] and not any(unordered):
         raise ConfigError(
             f"aggregate {aggregate_id!r} not found in {names.qualified}: no unfinished messages and no ordered"
             " history (an aggregate id is matched exactly)"
         )
     waiting_behind = o["n"] - 1 if head is not None else 0
-    not_offered = o["n"] if head is None else 0
-    held = o["above_horizon"] if head is None else 0
-    state, reason, next_at, hints = _diagnose(names, now, head, waiting_behind, not_offered, held)
+    not_numbered = o["not_numbered"]
+    state, reason, next_at, hints = _diagnose(names, now, head, waiting_behind, not_numbered)
     return Explanation(
         aggregate_id=aggregate_id,
         at=now,
@@ -94,8 +95,8 @@ async def explain(conn: Conn, names: OutboxNames, aggregate_id: str) -> Explanat
         head=head,
         next_eligible_at=next_at,
         waiting_behind=waiting_behind,
-        not_yet_offered=not_offered,
-        held_by_open_transaction=held,
+        not_numbered=not_numbered,
+        last_seq=h["last_seq"] or 0,
         unordered_pending=unordered[0],
         unordered_processing=unordered[1],
         unordered_dead=unordered[2],
@@ -115,6 +116,7 @@ def _head(r: dict[str, Any]) -> HeadMessage:
         lease_until=r["lease_until"],
         lease_version=r["lease_version"],
         created_at=r["created_at"],
+        aggregate_seq=r["aggregate_seq"],
         resolution=r["resolution"],
         resolved_by=r["resolved_by"],
         resolved_at=r["resolved_at"],
@@ -136,8 +138,7 @@ def _diagnose(
     now: datetime,
     head: HeadMessage | None,
     behind: int,
-    not_offered: int,
-    held: int,
+    not_numbered: int,
 ) -> tuple[State, str, datetime | None, tuple[str, ...]]:
     if behind == 0:
         stuck, after = "nothing waits behind it yet, but every new ordered message of this aggregate will", ""
@@ -146,23 +147,12 @@ def _diagnose(
         stuck = f"the {queue} cannot move"
         after = f"; the {queue} follow{'s' if behind == 1 else ''} once it is finished"
     if head is None:
-        if not_offered == 0:
+        if not_numbered == 0:
             return "idle", "nothing waits: every ordered message of this aggregate is finished", None, ()
-        if held:
-            return (
-                "awaiting_ingest",
-                f"{not_offered:,} new ordered message(s) wait to become the head: {held:,} of them were written"
-                " while an older transaction was still open, and are offered once it ends",
-                None,
-                (
-                    "look for long-running transactions: SELECT pid, xact_start, state FROM pg_stat_activity"
-                    " WHERE backend_xid IS NOT NULL ORDER BY xact_start",
-                ),
-            )
         return (
             "awaiting_ingest",
-            f"{not_offered:,} new ordered message(s) wait to become the head; a running relay offers them on its"
-            " next claim",
+            f"{not_numbered:,} committed ordered message(s) wait to be numbered; a running relay numbers them"
+            " (and makes the first the head) on its next claim",
             None,
             ("check that a relay is running: relay status",),
         )
@@ -218,8 +208,9 @@ def render_text(e: Explanation, names: OutboxNames) -> str:
     lines.append("")
     h = e.head
     if h is not None:
+        seq = f"  aggregate_seq {h.aggregate_seq}" if h.aggregate_seq is not None else ""
         lines += [
-            f"  head          #{h.id}  {h.event_type}",
+            f"  head          #{h.id}  {h.event_type}{seq}",
             f"  status        {h.status}, {h.attempts} attempt{'s' if h.attempts != 1 else ''} used",
             f"  last error    {h.last_error or '-'}",
             f"  created       {h.created_at.isoformat(timespec='seconds')}"
@@ -233,7 +224,9 @@ def render_text(e: Explanation, names: OutboxNames) -> str:
         lines.append(f"  behind it     {e.waiting_behind:,} ordered message{'s' if e.waiting_behind != 1 else ''}")
     else:
         lines.append("  head          none")
-        lines.append(f"  not offered   {e.not_yet_offered:,} new ordered message(s)")
+    if e.not_numbered or h is None:
+        lines.append(f"  not numbered  {e.not_numbered:,} committed ordered message(s)")
+    lines.append(f"  last number   {e.last_seq:,} (aggregate_seq handed out so far)")
     lines.append(
         f"  unordered     {e.unordered_pending:,} pending, {e.unordered_processing:,} processing,"
         f" {e.unordered_dead:,} dead (outside the ordered sequence: they neither wait nor block)"

@@ -25,6 +25,9 @@ class OutboxMessage:
     lease_version: int
     ordered: bool  # routed through the ordered claim (at most one per aggregate in flight)
     age_s: float = 0.0  # seconds since created_at, by the database clock at claim time
+    # The message's position in its aggregate's ordered sequence: 1, 2, 3, ... in commit
+    # order, without gaps. None for unordered messages.
+    aggregate_seq: int | None = None
 
     def payload(self) -> Any:
         """The payload decoded from JSON (tests and simple publishers)."""

@@ -81,7 +81,9 @@ async def run_relay(
         async with pool.connection() as conn:
             await check_schema(conn, settings.names)
         store = OutboxStore(pool, settings.names, settings.ordering)
-        replaced = await store.store_settings(notify=settings.notify, commit_order_guard=settings.commit_order_guard)
+        for warning in settings.warnings:
+            log.warning("%s", warning)
+        replaced = await store.store_settings(notify=settings.notify)
         if replaced is not None:
             log.warning(
                 "ordering map changed from %s to %s; rows inserted from now on are routed by the new map",

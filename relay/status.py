@@ -21,9 +21,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from relay.db import check_schema
 from relay.durations import format_duration
-from relay.errors import ConfigError
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 
@@ -38,15 +36,6 @@ ATTEMPT_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 0), (1, 1), (2, 2), (
 def ops_query(names: OutboxNames, name: str) -> sql.Composed:
     """The named statement ``name`` of ``sql/*.sql`` rendered for ``names``, once per process."""
     return names.render(named_queries()[name])
-
-
-async def require_ops_schema(conn: Conn, names: OutboxNames) -> None:
-    """Fail with one clear line when the outbox is missing or lacks the tools' migration."""
-    await check_schema(conn, names)
-    cur = await conn.execute(ops_query(names, "ops_migrated"))
-    row = await cur.fetchone()
-    if not row or not row[0]:
-        raise ConfigError(f"outbox {names.qualified} lacks migration 0003_ops: run `relay migrate` first")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ returns it before any broker call is made.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,6 +20,14 @@ from relay.message import Decision, OutboxMessage
 from relay.ordering import OrderingMap
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
+
+log = logging.getLogger("relay.store")
+
+# Committed producer transactions one ingest numbers at most. A backlog (relays stopped
+# while producers wrote) is numbered in turns of this size, and a worker whose ingest came
+# back full runs the next one at once; a turn of 5,000 single-event transactions takes
+# tens of milliseconds, short enough for the claim transaction that carries it.
+INGEST_TRANSACTIONS = 5000
 
 
 @dataclass(frozen=True)
@@ -37,9 +46,13 @@ class Reaped:
 class Claim:
     messages: list[OutboxMessage]
     reaped: list[Reaped]
-    # Age of the oldest ordered row the commit-order guard is holding back (None: none,
-    # or the ingest did not run this time).
-    held_back_s: float | None = None
+    numbered: int = 0  # ordered rows the ingest numbered in this claim's transaction
+    ingest_full: bool = False  # the ingest took a whole turn: more committed rows wait
+
+
+class IngestRaced(Exception):
+    """A row the ingest was numbering changed under it (someone updated an unnumbered row
+    by hand at that moment). Its transaction is rolled back, so no number is lost."""
 
 
 async def store_ordering(conn: psycopg.AsyncConnection[Any], names: OutboxNames, ordering: OrderingMap) -> None:
@@ -55,15 +68,13 @@ class OutboxStore:
         self.pool = pool
         self.names = names
         self.ordering = ordering
-        self._guard = True  # the commit-order guard; store_settings says otherwise
         # Render every statement once: identifiers are fixed for the life of the store.
         self._sql = {name: names.render(text) for name, text in named_queries().items()}
 
-    async def store_settings(self, *, notify: bool = True, commit_order_guard: bool = True) -> OrderingMap | None:
+    async def store_settings(self, *, notify: bool = True) -> OrderingMap | None:
         """Write this relay's ordering map to the database, which routes each row by it
         when the row is inserted. Returns the map it replaced when that was different."""
-        params = {**self.ordering.sql_params(), "notify": notify, "guard": commit_order_guard}
-        self._guard = commit_order_guard
+        params = {**self.ordering.sql_params(), "notify": notify}
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql["store_settings"], params)
             row = await cur.fetchone()
@@ -93,46 +104,51 @@ class OutboxStore:
     ) -> Claim:
         """Lease up to ``batch`` rows in one short transaction.
 
-        First offers newly committed ordered rows to the heads table and returns expired
-        leases (to 'pending', or 'dead' on the last attempt); then runs the ordered and the
+        First returns expired leases (to 'pending', or 'dead' on the last attempt) and
+        numbers newly committed ordered rows (the ingest), then runs the ordered and the
         unordered claim for the rest of the batch. ``ordered_first`` says which strategy
         gets the first pick; workers alternate it so neither starves the other.
-        ``housekeeping=False`` skips the ingest and the reaper (a busy worker runs them
-        only every so often; the heads trigger keeps busy aggregates moving meanwhile).
+        ``housekeeping=False`` skips the reaper and the ingest (a busy worker runs them
+        only every so often; the heads trigger keeps numbered aggregates moving meanwhile).
         """
         params: dict[str, Any] = {"owner": owner, "lease": lease, "max_attempts": max_attempts}
         strategies = ["claim_ordered", "claim_unordered"] if ordered_first else ["claim_unordered", "claim_ordered"]
         messages: list[OutboxMessage] = []
-        async with self.pool.connection() as conn, conn.transaction():
-            reaped: list[Reaped] = []
-            held_back_s = None
-            if housekeeping:
-                cur = await conn.execute(self._sql["ingest"], {"guard": self._guard})
-                row = await cur.fetchone()
-                held_back_s = row[1] if row else None
-                cur = await conn.execute(self._sql["reap_expired"], params)
-                reaped = [Reaped(*row) for row in await cur.fetchall()]
-            for name in strategies:
-                remaining = batch - len(messages)
-                if remaining <= 0:
-                    break
-                cur = await conn.execute(self._sql[name], {**params, "batch": remaining})
-                for row in await cur.fetchall():
-                    messages.append(
-                        OutboxMessage(
-                            id=row[0],
-                            aggregate_type=row[1],
-                            aggregate_id=row[2],
-                            event_type=row[3],
-                            body=row[4].encode(),
-                            attempt=row[5],
-                            lease_version=row[6],
-                            age_s=row[7],
-                            ordered=row[8],
-                        )
-                    )
+        reaped: list[Reaped] = []
+        numbered, ingest_full = 0, False
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                if housekeeping:
+                    cur = await conn.execute(self._sql["reap_expired"], params)
+                    reaped = [Reaped(*row) for row in await cur.fetchall()]
+                    numbered, ingest_full = await self._ingest(conn)
+                for name in strategies:
+                    remaining = batch - len(messages)
+                    if remaining <= 0:
+                        break
+                    cur = await conn.execute(self._sql[name], {**params, "batch": remaining})
+                    messages.extend(_message(row) for row in await cur.fetchall())
+        except IngestRaced as exc:
+            log.warning("%s; nothing was claimed or numbered this time, the next claim tries again", exc)
+            return Claim(messages=[], reaped=[])
         messages.sort(key=lambda m: m.id)  # RETURNING order is not guaranteed
-        return Claim(messages=messages, reaped=reaped, held_back_s=held_back_s)
+        return Claim(messages=messages, reaped=reaped, numbered=numbered, ingest_full=ingest_full)
+
+    async def _ingest(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, bool]:
+        """Number what has committed, if no other relay is numbering right now. Two
+        statements on purpose: the lock first, then the numbering on a snapshot taken
+        after the lock was granted, so it sees every number the previous holder wrote.
+        Returns (rows numbered, whether the turn was full)."""
+        cur = await conn.execute(self._sql["ingest_lock"])
+        if await cur.fetchone() is None:
+            return 0, False
+        cur = await conn.execute(self._sql["ingest"], {"transactions": INGEST_TRANSACTIONS})
+        row = await cur.fetchone()
+        assert row is not None  # a SELECT of scalar subqueries always returns one row
+        planned, numbered, transactions, _aggregates = row
+        if numbered != planned:
+            raise IngestRaced(f"ingest: {planned - numbered} of {planned} rows changed while being numbered")
+        return numbered, transactions >= INGEST_TRANSACTIONS
 
     async def finalize(self, decisions: Sequence[Decision]) -> set[int]:
         """Write every decision in one fenced statement; return the ids that were refused.
@@ -157,3 +173,19 @@ class OutboxStore:
             cur = await conn.execute(self._sql["finalize"], params, prepare=False)
             written = {row[0] for row in await cur.fetchall()}
         return {d.message.id for d in decisions} - written
+
+
+def _message(row: Sequence[Any]) -> OutboxMessage:
+    """A claimed row (the claims' RETURNING list) as the message a publisher gets."""
+    return OutboxMessage(
+        id=row[0],
+        aggregate_type=row[1],
+        aggregate_id=row[2],
+        event_type=row[3],
+        body=row[4].encode(),
+        attempt=row[5],
+        lease_version=row[6],
+        age_s=row[7],
+        ordered=row[8],
+        aggregate_seq=row[9],
+    )

@@ -32,10 +32,6 @@ log = logging.getLogger("relay.worker")
 # aggregates and expired leases waiting well under the poll interval.
 HOUSEKEEPING_INTERVAL_S = 0.1
 
-# Ordered rows held back this long by a still-running transaction (the commit-order
-# guard) earn a warning: somebody's transaction is delaying delivery.
-HELD_BACK_WARNING_S = 10.0
-
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -129,7 +125,7 @@ class Worker:
         self._ordered_first = True
         self._last_housekeeping = float("-inf")
         self._saturated = False  # the last claim came back full
-        self._held_back_warned = 0.0
+        self._ingest_behind = False  # the last ingest took a whole turn; run the next one at once
 
     async def run(self, stop: asyncio.Event) -> None:
         """Dispatch until ``stop`` is set; the batch in hand is finished first."""
@@ -152,10 +148,11 @@ class Worker:
                 )
                 await sleep_unless_stopped(stop, delay)
                 continue
-            if claimed == 0 and not probe:
+            if claimed == 0 and not probe and not self._ingest_behind:
                 # Only an empty claim means "nothing to do". A short batch does not: an
                 # ordered claim leases one head per aggregate, and the next heads become
-                # ready the moment this batch is finalized.
+                # ready the moment this batch is finalized. Nor does an ingest that took
+                # a whole turn: more committed rows wait to be numbered.
                 await self._idle(stop)
 
     async def _idle(self, stop: asyncio.Event) -> None:
@@ -174,7 +171,9 @@ class Worker:
         """Claim one batch (at most ``limit`` rows), publish it, finalize it.
         Returns how many rows were claimed."""
         started = time.monotonic()
-        housekeeping = not self._saturated or started - self._last_housekeeping >= HOUSEKEEPING_INTERVAL_S
+        housekeeping = (
+            not self._saturated or self._ingest_behind or started - self._last_housekeeping >= HOUSEKEEPING_INTERVAL_S
+        )
         if housekeeping:
             self._last_housekeeping = started
         batch_size = min(limit or self.config.batch_size, self.config.batch_size)
@@ -194,7 +193,9 @@ class Worker:
         self.metrics.observe_claim(time.monotonic() - started)
         self._ordered_first = not self._ordered_first
         self._saturated = len(claim.messages) >= batch_size
-        self._report_housekeeping(claim.reaped, claim.held_back_s)
+        if housekeeping:
+            self._ingest_behind = claim.ingest_full
+        self._report_reaped(claim.reaped)
         messages = claim.messages
         if not messages:
             if probe:  # nothing to probe with; try again after the next backoff
@@ -231,7 +232,7 @@ class Worker:
         await asyncio.shield(self._finalize(decisions))
         return len(messages)
 
-    def _report_housekeeping(self, reaped: Sequence[Reaped], held_back_s: float | None) -> None:
+    def _report_reaped(self, reaped: Sequence[Reaped]) -> None:
         for row in reaped:
             fields = log_fields(row.id, row.aggregate_id, row.event_type, row.lease_version)
             if row.status == "dead":
@@ -242,16 +243,6 @@ class Worker:
                 log.warning("lease expired on the last attempt; message sent to dead", extra=fields)
             else:
                 log.info("lease expired; message returned to pending", extra=fields)
-        if held_back_s is not None and held_back_s >= HELD_BACK_WARNING_S:
-            now = time.monotonic()
-            if now - self._held_back_warned >= 60:  # once a minute per worker is plenty
-                self._held_back_warned = now
-                log.warning(
-                    "ordered delivery held back %.0fs by a transaction still running in the database"
-                    " (commit-order guard); see pg_stat_activity for old transactions",
-                    held_back_s,
-                    extra={"held_back_s": round(held_back_s, 1)},
-                )
 
     async def _publish(self, messages: Sequence[OutboxMessage], claimed_at: float) -> list[Outcome]:
         """Publish within the publish timeout, and in any case before the lease runs out:

@@ -6,11 +6,13 @@
 -- A table that keeps history holds millions of done rows, so nothing here reads them by a
 -- scan: unfinished rows are reached only through the claim's partial indexes, each subset
 -- spelled with its index's exact predicate so the planner can use it:
---   status = 'pending' AND NOT ordered  <table>_unordered_ready_idx
---   status = 'pending' AND ordered      <table>_ordered_new_idx
---   status = 'processing'               <table>_leased_idx
---   status = 'dead'                     <table>_dead_idx (0003)
---   ordered AND status IN (...)         <table>_aggregate_idx, by aggregate
+--   status = 'pending' AND NOT ordered                 <table>_unordered_ready_idx
+--   status = 'pending' AND ordered AND aggregate_seq IS NULL
+--                                                      <table>_fresh_idx (committed, not numbered yet)
+--   ordered AND status ... AND aggregate_seq IS NOT NULL
+--                                                      <table>_aggregate_seq_idx, by aggregate (0004)
+--   status = 'processing'                              <table>_leased_idx
+--   status = 'dead'                                    <table>_dead_idx (0003)
 -- and done rows only through the primary key, a chunk at a time (prune).
 
 -- status_summary --
@@ -20,9 +22,14 @@ WITH unordered AS (
       FROM {outbox}
      WHERE status = 'pending' AND NOT ordered
 ), ordered_pending AS (
-    SELECT count(*) AS n, min(created_at) AS oldest
-      FROM {outbox}
-     WHERE status = 'pending' AND ordered
+    SELECT sum(n)::bigint AS n, min(oldest) AS oldest
+      FROM (SELECT count(*) AS n, min(created_at) AS oldest
+              FROM {outbox}
+             WHERE status = 'pending' AND ordered AND aggregate_seq IS NULL
+            UNION ALL
+            SELECT count(*), min(created_at)
+              FROM {outbox}
+             WHERE status = 'pending' AND ordered AND aggregate_seq IS NOT NULL) AS parts
 ), leased AS (
     SELECT count(*) AS n, count(*) FILTER (WHERE lease_until < now()) AS expired, min(created_at) AS oldest
       FROM {outbox}
@@ -43,6 +50,7 @@ WITH unordered AS (
              WHERE b.aggregate_id = o.aggregate_id
                AND b.ordered
                AND b.status IN ('pending', 'processing', 'dead')
+               AND b.aggregate_seq IS NOT NULL
            ) AS w
      WHERE o.status = 'dead'
 ), rel AS (
@@ -74,7 +82,9 @@ SELECT u.attempts, count(*) AS n
   FROM (
         SELECT attempts FROM {outbox} WHERE status = 'pending' AND NOT ordered
         UNION ALL
-        SELECT attempts FROM {outbox} WHERE status = 'pending' AND ordered
+        SELECT attempts FROM {outbox} WHERE status = 'pending' AND ordered AND aggregate_seq IS NULL
+        UNION ALL
+        SELECT attempts FROM {outbox} WHERE status = 'pending' AND ordered AND aggregate_seq IS NOT NULL
         UNION ALL
         SELECT attempts FROM {outbox} WHERE status = 'processing'
        ) AS u
@@ -88,7 +98,11 @@ SELECT u.event_type, u.status, count(*) AS n, min(u.created_at) AS oldest,
   FROM (
         SELECT event_type, status, created_at, lease_until FROM {outbox} WHERE status = 'pending' AND NOT ordered
         UNION ALL
-        SELECT event_type, status, created_at, lease_until FROM {outbox} WHERE status = 'pending' AND ordered
+        SELECT event_type, status, created_at, lease_until FROM {outbox}
+         WHERE status = 'pending' AND ordered AND aggregate_seq IS NULL
+        UNION ALL
+        SELECT event_type, status, created_at, lease_until FROM {outbox}
+         WHERE status = 'pending' AND ordered AND aggregate_seq IS NOT NULL
         UNION ALL
         SELECT event_type, status, created_at, lease_until FROM {outbox} WHERE status = 'processing'
         UNION ALL
@@ -98,30 +112,32 @@ SELECT u.event_type, u.status, count(*) AS n, min(u.created_at) AS oldest,
  ORDER BY u.event_type, u.status;
 
 -- explain_head --
--- An aggregate's heads row and the message it names, with the database clock and whether that message's transaction is still ahead of the ingest horizon.
+-- An aggregate's heads row (its counter too) and the message it names, with the database clock.
 SELECT now() AS now,
        h.aggregate_id IS NOT NULL AS has_heads_row,
-       h.head_id, h.ready_at,
+       h.head_id, h.ready_at, h.last_seq,
        o.id, o.event_type, o.status, o.attempts, o.last_error, o.available_at, o.lease_owner,
-       o.lease_until, o.lease_version, o.created_at, o.ordered,
+       o.lease_until, o.lease_version, o.created_at, o.ordered, o.aggregate_seq,
        o.resolution, o.resolved_by, o.resolved_at, o.resolved_note
   FROM (SELECT %(aggregate_id)s::text AS aggregate_id) AS a
   LEFT JOIN {q_heads} AS h ON h.aggregate_id = a.aggregate_id
   LEFT JOIN {outbox} AS o ON o.id = h.head_id;
 
 -- explain_ordered --
--- An aggregate's unfinished ordered rows by status, and how many are held back by a transaction still open (not yet offered to the heads table).
+-- An aggregate's unfinished ordered rows: the numbered ones by status, and those committed but not numbered by an ingest yet.
 SELECT count(*) AS n,
        count(*) FILTER (WHERE status = 'pending') AS pending,
        count(*) FILTER (WHERE status = 'processing') AS processing,
        count(*) FILTER (WHERE status = 'dead') AS dead,
-       -- Held back by the commit-order guard (when on): an older transaction is still open.
-       count(*) FILTER (WHERE xid >= pg_snapshot_xmin(pg_current_snapshot())
-                          AND (SELECT s.commit_order_guard FROM {q_settings} AS s)) AS above_horizon
+       (SELECT count(*)
+          FROM {outbox}
+         WHERE status = 'pending' AND ordered AND aggregate_seq IS NULL
+           AND aggregate_id = %(aggregate_id)s) AS not_numbered
   FROM {outbox}
  WHERE aggregate_id = %(aggregate_id)s
    AND ordered
-   AND status IN ('pending', 'processing', 'dead');
+   AND status IN ('pending', 'processing', 'dead')
+   AND aggregate_seq IS NOT NULL;
 
 -- explain_unordered --
 -- An aggregate's unfinished unordered rows by status (through the claim's partial indexes: a scan of that backlog, never of the history).
@@ -232,10 +248,6 @@ SELECT count(*) AS scanned,
        count(*) FILTER (WHERE status = 'done' AND done_at < %(cutoff)s) AS done,
        count(*) FILTER (WHERE %(include_dead)s AND status = 'dead' AND created_at < %(cutoff)s) AS dead
   FROM chunk;
-
--- ops_migrated --
--- Whether the operator tools' migration (0003_ops) has been applied to this outbox.
-SELECT EXISTS (SELECT 1 FROM {q_migrations} WHERE version = 3);
 
 -- ready_probe --
 -- Readiness: the database answers and the outbox table is there and readable.

@@ -227,6 +227,7 @@ def outbox_message(
     attempt: int = 1,
     lease_version: int = 1,
     id: int | None = None,
+    aggregate_seq: int | None = None,
 ) -> OutboxMessage:
     """A claimed outbox row as the publisher sees it, with a fresh id."""
     return OutboxMessage(
@@ -238,6 +239,7 @@ def outbox_message(
         attempt=attempt,
         lease_version=lease_version,
         ordered=ordered,
+        aggregate_seq=aggregate_seq,
     )
 
 

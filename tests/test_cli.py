@@ -88,11 +88,49 @@ def test_start_drains_the_outbox_with_several_workers_and_stops_on_sigterm(pg_ds
     for line in lines:
         if line["event_type"] == "OrderPlaced":
             by_order.setdefault(line["aggregate_id"], []).append(line["outbox_id"])
-    assert all(seq == sorted(seq) for seq in by_order.values())
+    assert all(seq == sorted(seq) for seq in by_order.values())  # one writer: commit order is id order
+    # The rows were written before any relay stored the map, so all were routed ordered
+    # (the default): each carries its place in its aggregate, in delivery order.
+    routed = {r["id"]: r["ordered"] for r in db.rows()}
+    assert all(routed.values())
+    seqs: dict[str, list[int]] = {}
+    for line in lines:
+        seqs.setdefault(line["aggregate_id"], []).append(line["aggregate_seq"])
+    assert all(s == list(range(1, len(s) + 1)) for s in seqs.values())
     owners = {r["lease_owner"] for r in db.rows()}
     assert owners == {None}
     assert "relay started: 3 workers, broker log" in err
     assert "stopping" in err
+
+
+def test_the_retired_commit_order_guard_still_starts_with_one_warning(pg_dsn: str, db: Db, tmp_path: Path) -> None:
+    [oid] = db.insert([("order-1", "OrderPlaced", {})])
+    config = tmp_path / "relay.toml"
+    config.write_text(f'schema = "{db.names.schema}"\ncommit_order_guard = false\npoll_interval = "100ms"\n')
+    proc = start_relay(
+        "--config", str(config), "--broker", "log", "--no-commit-order-guard", env=relay_env(RELAY_DSN=pg_dsn)
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while db.statuses() != {"done": 1} and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["outbox_id"] == oid
+    assert err.count("is deprecated and has no effect") == 1, err
+
+
+def test_start_refuses_an_outbox_migrated_by_a_newer_release_or_not_fully(pg_dsn: str, db: Db) -> None:
+    ledger = sql.Identifier(db.names.schema, "outbox_migrations")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (999, 'from_the_future')").format(ledger))
+        newer = run_relay("start", "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "log")
+        assert_one_line_error(newer, "has migration 0999, newer than this relay knows", "upgrade outbox-relay")
+        conn.execute(sql.SQL("DELETE FROM {} WHERE version IN (4, 999)").format(ledger))
+        older = run_relay("start", "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "log")
+        assert_one_line_error(older, "lacks migration 0004_aggregate_seq", "relay migrate")
 
 
 def test_start_refuses_an_outbox_that_was_never_migrated(pg_dsn: str) -> None:

@@ -4,8 +4,11 @@ producers commit out of id order without locks, and the broker goes away.
 
 What every scenario asserts, from what the consumer read off the queue:
 - every outbox id was delivered at least once;
-- for ordered event types, the first delivery of each message came in the aggregate's
-  order, which is (writing transaction, id): see README "Commit order";
+- for ordered event types, the first delivery of each message came in its aggregate's
+  commit order, as the producers observed it (tests/producers.py): producers that lock
+  the aggregate (the design reference's pattern) and producers that do not, side by side;
+- ordered messages carry aggregate_seq 1, 2, 3, ... per aggregate in delivery order, and
+  a duplicate carries the number of its first delivery;
 - no row is dead that was not poisoned on purpose;
 - duplicates are counted and printed (at-least-once allows them; consumers de-duplicate).
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import os
 import random
 import signal
@@ -39,9 +43,18 @@ from psycopg import sql
 
 from relay.sqlnames import OutboxNames
 from tests import rabbitmq_broker, sqs_server
-from tests.cli_proc import RELAY, relay_env
+from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
 from tests.helpers import terminate_relay_sessions
+from tests.producers import (
+    CommitLog,
+    LockedProducers,
+    count_inversions,
+    create_producer_tables,
+    first_deliveries,
+    order_violations,
+    produce_unlocked,
+)
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, unique
 from tests.sqs_server import receive_all
 
@@ -88,6 +101,15 @@ class Fleet:
             victim.wait(timeout=10)
             self.killed += 1
 
+    def restart_one(self, rng: random.Random) -> None:
+        """SIGTERM one relay (it drains and exits 0) and start another in its place."""
+        alive = [p for p in self.procs if p.poll() is None and time.monotonic() - self.started_at[p.pid] > 3]
+        if alive:
+            victim = rng.choice(alive)
+            victim.send_signal(signal.SIGTERM)
+            victim.wait(timeout=30)
+        self.start()
+
     def stop(self) -> list[int]:
         # A SIGTERM while the interpreter is still importing takes Python's default action
         # (exit by signal, nothing claimed yet); give late starters time to install the drain.
@@ -113,6 +135,15 @@ class Fleet:
 
 def start_relay_argv() -> list[str]:
     return [RELAY, "start"]
+
+
+def store_fleet_ordering(pg_dsn: str, names: OutboxNames) -> None:
+    """The fleet's ordering map, stored before any relay starts (as the README says to), so
+    rows producers write before the first relay is up are routed by it too."""
+    proc = run_relay(
+        "migrate", "--dsn", pg_dsn, "--schema", names.schema, "--ordering-default", "unordered", "--ordered", ORDERED
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.fixture
@@ -154,6 +185,7 @@ def fleet_factory(amqp: AmqpService, pg_dsn: str) -> Iterator[Any]:
         ]
         for key, value in extra.items():
             args += [f"--{key.replace('_', '-')}", value]
+        store_fleet_ordering(pg_dsn, names)
         fleet = Fleet(args, relay_env(RELAY_DSN=pg_dsn, RELAY_AMQP_URL=amqp.url, RELAY_LOG_LEVEL="warning"))
         fleets.append(fleet)
         return fleet
@@ -169,109 +201,177 @@ class Delivery:
     aggregate_id: str
     event_type: str
     lease_version: int
+    aggregate_seq: int | None
+    received_at: float = 0.0  # time.monotonic() when the consumer got it
+
+
+class QueueReader:
+    """A consumer on ``queue`` that records every delivery, in arrival order, while the
+    test goes on."""
+
+    def __init__(self, amqp: AmqpService, queue: str) -> None:
+        self.amqp = amqp
+        self.queue = queue
+        self.got: list[Delivery] = []
+        self.changed = asyncio.Event()
+        self._connection: Any = None
+
+    async def __aenter__(self) -> QueueReader:
+        self._connection = await aio_pika.connect_robust(
+            self.amqp.url, client_properties={"connection_name": unique("consumer")}
+        )
+        channel = await self._connection.channel()
+        await channel.set_qos(prefetch_count=500)
+        q = await channel.get_queue(self.queue, ensure=False)
+        await q.consume(self._on_message)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._connection.close()
+
+    async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        h = message.headers
+        seq = h.get("aggregate_seq")
+        self.got.append(
+            Delivery(
+                int(str(h["outbox_id"])),
+                str(h["aggregate_id"]),
+                str(h["event_type"]),
+                int(str(h["lease_version"])),
+                int(str(seq)) if seq is not None else None,
+                time.monotonic(),
+            )
+        )
+        await message.ack()
+        self.changed.set()
+
+    async def wait_for(self, ids: set[int], timeout: float) -> None:
+        """Until every id in ``ids`` has arrived, or ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not ids <= {d.outbox_id for d in self.got} and time.monotonic() < deadline:
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), max(0.0, deadline - time.monotonic()))
 
 
 async def read_queue(amqp: AmqpService, queue: str, expected_ids: set[int], timeout: float = 60) -> list[Delivery]:
     """Everything on ``queue`` in arrival order, until every expected id has arrived."""
-    connection = await aio_pika.connect_robust(amqp.url, client_properties={"connection_name": unique("consumer")})
-    got: list[Delivery] = []
-    seen: set[int] = set()
-    done = asyncio.Event()
-
-    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        h = message.headers
-        d = Delivery(int(h["outbox_id"]), str(h["aggregate_id"]), str(h["event_type"]), int(h["lease_version"]))
-        got.append(d)
-        seen.add(d.outbox_id)
-        await message.ack()
-        if expected_ids <= seen:
-            done.set()
-
-    try:
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=500)
-        q = await channel.get_queue(queue, ensure=False)
-        await q.consume(on_message)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(done.wait(), timeout)
+    async with QueueReader(amqp, queue) as reader:
+        await reader.wait_for(expected_ids, timeout)
         await asyncio.sleep(0.5)  # let duplicates still in the queue arrive too
-    finally:
-        await connection.close()
-    return got
+    return reader.got
 
 
-def expected_order(db: Db) -> dict[str, list[int]]:
-    """Per aggregate, the ordered rows in the order the relay promises: (xid, id)."""
-    cur = db.conn.execute(
-        sql.SQL("SELECT aggregate_id, id FROM {} WHERE ordered ORDER BY aggregate_id, xid, id").format(db.table)
-    )
-    order: dict[str, list[int]] = {}
-    for aggregate_id, oid in cur.fetchall():
-        order.setdefault(aggregate_id, []).append(oid)
-    return order
-
-
-def check_deliveries(db: Db, deliveries: list[Delivery], *, poisoned: frozenset[int] = frozenset()) -> Counter[int]:
+def check_deliveries(
+    db: Db,
+    deliveries: list[Delivery],
+    expected: dict[str, list[int]],
+    *,
+    poisoned: frozenset[int] = frozenset(),
+) -> Counter[int]:
+    """Everything delivered, ordered messages in commit order with aggregate_seq 1, 2, 3,
+    ..., nothing dead but the poisoned; returns the duplicates."""
     ids = {r["id"] for r in db.rows()}
     delivered = Counter(d.outbox_id for d in deliveries)
     missing = ids - set(delivered) - poisoned
     assert not missing, f"{len(missing)} outbox ids never delivered, e.g. {sorted(missing)[:5]}"
-    first_seen: list[Delivery] = []
-    seen: set[int] = set()
-    for d in deliveries:
-        if d.outbox_id not in seen:
-            seen.add(d.outbox_id)
-            first_seen.append(d)
-    for aggregate_id, want in expected_order(db).items():
-        got = [d.outbox_id for d in first_seen if d.aggregate_id == aggregate_id and d.outbox_id in set(want)]
-        assert got == [i for i in want if i not in poisoned], (
-            f"aggregate {aggregate_id}: first deliveries {got} != {want}"
-        )
+    first = first_deliveries(deliveries)
+    wanted = {a: [i for i in order if i not in poisoned] for a, order in expected.items()}
+    inversions = count_inversions(wanted, first)
+    problems = order_violations(wanted, first)
+    assert not problems, f"{inversions} events delivered after a later one of their aggregate; e.g. {problems[:2]}"
+    blocked = {r["aggregate_id"] for r in db.rows() if r["id"] in poisoned}
+    seqs: dict[str, list[int | None]] = {}
+    for d in first:
+        if d.aggregate_seq is not None and d.aggregate_id not in blocked:
+            seqs.setdefault(d.aggregate_id, []).append(d.aggregate_seq)
+    gaps = [f"{a}: {got[:10]}" for a, got in seqs.items() if got != list(range(1, len(got) + 1))]
+    assert not gaps, f"aggregate_seq not 1, 2, 3, ... in delivery order: {gaps[:3]}"
+    number = {d.outbox_id: d.aggregate_seq for d in first}
+    renumbered = [d.outbox_id for d in deliveries if d.aggregate_seq != number[d.outbox_id]]
+    assert not renumbered, f"a duplicate carried another aggregate_seq: {renumbered[:5]}"
+    ordered_ids = {i for order in expected.values() for i in order}
+    assert all((d.aggregate_seq is not None) == (d.outbox_id in ordered_ids) for d in first), (
+        "aggregate_seq on an unordered message, or missing on an ordered one"
+    )
     dead = {r["id"] for r in db.rows() if r["status"] == "dead"}
     assert dead == set(poisoned), f"unexpected dead rows: {sorted(dead - set(poisoned))[:5]}"
     duplicates = Counter({i: n - 1 for i, n in delivered.items() if n > 1})
     print(
-        f"\n  delivered {len(delivered)} ids, {sum(duplicates.values())} duplicate deliveries of {len(duplicates)} ids"
+        f"\n  delivered {len(delivered)} ids ({len(ordered_ids)} ordered, 0 out of commit order),"
+        f" {sum(duplicates.values())} duplicate deliveries of {len(duplicates)} ids"
     )
     return duplicates
 
 
-def produce_interleaved(pg_dsn: str, names: OutboxNames, aggregates: int, rounds: int, seed: int) -> int:
-    """Producers writing the same aggregates from concurrent transactions without locking
-    them; in every round the transaction that took the lower ids commits last."""
-    table = sql.Identifier(names.schema, names.table)
-    insert = sql.SQL(
-        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', %s, %s, %s)"
-    ).format(table)
-    rng = random.Random(seed)
-    written = 0
-    with psycopg.connect(pg_dsn) as first, psycopg.connect(pg_dsn) as second:
-        for r in range(rounds):
-            chosen = rng.sample(range(aggregates), k=min(5, aggregates))
-            for agg in chosen:
-                first.execute(insert, (f"order-{agg}", "OrderUpdated", f'{{"round": {r}, "by": "first"}}'))
-                first.execute(insert, (f"order-{agg}", "EmailQueued", f'{{"round": {r}}}'))
-            for agg in chosen:
-                second.execute(insert, (f"order-{agg}", "OrderUpdated", f'{{"round": {r}, "by": "second"}}'))
-            second.commit()  # the higher ids commit first...
-            time.sleep(rng.uniform(0.05, 0.25))  # long enough for a relay to deliver the later rows first
-            first.commit()  # ...and the lower ids after them
-            written += 3 * len(chosen)
-    return written
+def sequential(db_rows: list[tuple[str, int]], ordered_types: str = ORDERED) -> dict[str, list[int]]:
+    """The commit order of rows one connection wrote in sequence: id order per aggregate."""
+    log = CommitLog()
+    for position, (aggregate_id, oid) in enumerate(db_rows):
+        log.record(position, [(aggregate_id, oid)])
+    return log.expected()
+
+
+def ordered_rows(db: Db, ids: list[int]) -> list[tuple[str, int]]:
+    rows = {r["id"]: r for r in db.rows()}
+    return [(rows[i]["aggregate_id"], i) for i in ids if fnmatch.fnmatchcase(rows[i]["event_type"], ORDERED)]
+
+
+def producers_both_ways(
+    pg_dsn: str, names: OutboxNames, seed: int, *, locked_tx: int, unlocked_rounds: int
+) -> tuple[CommitLog, CommitLog, threading.Thread]:
+    """Producers that lock their aggregates (three threads) and producers that do not (one
+    thread driving three connections), on separate aggregates, started in the background."""
+    locked_aggs = [f"order-L{i}" for i in range(12)]
+    unlocked_aggs = [f"order-U{i}" for i in range(8)]
+    create_producer_tables(pg_dsn, names, locked_aggs)
+    locked, unlocked = CommitLog(), CommitLog()
+    producers = LockedProducers(
+        pg_dsn, names, locked_aggs, locked, threads=3, unordered_type="EmailQueued", seed=seed, pause_s=0.02
+    )
+
+    def produce() -> None:
+        both = [
+            threading.Thread(target=producers.run, args=(locked_tx,)),
+            threading.Thread(
+                target=produce_unlocked,
+                args=(pg_dsn, names, unlocked_aggs, unlocked),
+                kwargs={"rounds": unlocked_rounds, "seed": seed, "pause_s": (0.0, 0.25)},
+            ),
+        ]
+        for t in both:
+            t.start()
+        for t in both:
+            t.join()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    return locked, unlocked, thread
+
+
+def merged(*logs: CommitLog) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for log in logs:
+        out.update(log.expected())
+    return out
 
 
 async def run_chaos(fleet: Fleet, rng: random.Random, pg_dsn: str, db: Db, *, seconds: float) -> int:
     """For ``seconds``, every 0.5-1.5 s: SIGKILL a relay (and start another), or kill one
-    blocked between publish and finalize, or terminate every relay database session.
-    Returns how many leased rows were held at kills between publish and finalize."""
+    blocked between publish and finalize, or restart one with SIGTERM, or terminate every
+    relay database session. Returns how many leased rows were held at kills between
+    publish and finalize."""
     stranded = 0
     chaos_until = time.monotonic() + seconds
-    while time.monotonic() < chaos_until:
+    # At least three kills, whatever the dice say (for at most twice as long).
+    while time.monotonic() < chaos_until or (fleet.killed < 3 and time.monotonic() < chaos_until + seconds):
         await asyncio.sleep(rng.uniform(0.5, 1.5))
-        action = rng.random()
-        if action < 0.35:
+        action = rng.random() if time.monotonic() < chaos_until else 0.0
+        if action < 0.3:
             fleet.kill_one(rng)
             fleet.start()
+        elif action < 0.4:
+            fleet.restart_one(rng)
         elif action < 0.6:
             # Hold the leased rows' locks so every worker that has published blocks in its
             # finalize, then kill one of them.
@@ -297,7 +397,7 @@ async def wait_all_done(db: Db, total: int, timeout: float = 60) -> None:
     assert db.statuses() == {"done": total}, db.statuses()
 
 
-async def test_crashes_killed_sessions_and_unlocked_producers(
+async def test_crashes_killed_sessions_with_locking_and_unlocked_producers(
     pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, amqp: AmqpService, fleet_factory: Any
 ) -> None:
     # A new schedule of faults every run; RELAY_FAULT_SEED replays one.
@@ -310,23 +410,20 @@ async def test_crashes_killed_sessions_and_unlocked_producers(
     for _ in range(3):
         fleet.start()
 
-    written: list[int] = []
-    producer = threading.Thread(
-        target=lambda: written.append(produce_interleaved(pg_dsn, names, aggregates=30, rounds=40, seed=rng.random()))
-    )
-    producer.start()
+    locked, unlocked, producing = producers_both_ways(pg_dsn, names, seed, locked_tx=60, unlocked_rounds=40)
     stranded = await run_chaos(fleet, rng, pg_dsn, db, seconds=12)
-    producer.join()
-    await wait_all_done(db, written[0])
+    await asyncio.to_thread(producing.join)
+    await wait_all_done(db, len(db.rows()))
     fleet.stop()
     assert all(code == 0 for code in fleet.running_codes()), fleet.running_codes()
     assert fleet.killed >= 3
 
     deliveries = await read_queue(amqp, queue, {r["id"] for r in db.rows()})
-    duplicates = check_deliveries(db, deliveries)
+    duplicates = check_deliveries(db, deliveries, merged(locked, unlocked))
     print(
-        f"  {fleet.killed} relays killed; {stranded} leased rows held at a kill between publish and finalize;"
-        f" {sum(duplicates.values())} duplicates"
+        f"  {locked.committed} locked and {unlocked.committed} unlocked producer transactions"
+        f" ({locked.aborted + unlocked.aborted} aborted); {fleet.killed} relays killed; {stranded} leased rows"
+        f" held at a kill between publish and finalize; {sum(duplicates.values())} duplicates"
     )
 
 
@@ -341,8 +438,8 @@ async def test_broker_outage_longer_than_the_backoff_schedule_burns_nothing(
 ) -> None:
     exchange = await rabbit.exchange("direct")
     queue = await rabbit.queue(bind=(exchange, "outbox"))
-    before = db.insert((f"order-{i % 10}", "OrderPlaced" if i % 2 else "EmailQueued", {"i": i}) for i in range(100))
     fleet: Fleet = fleet_factory(names, exchange)
+    before = db.insert((f"order-{i % 10}", "OrderPlaced" if i % 2 else "EmailQueued", {"i": i}) for i in range(100))
     for _ in range(2):
         fleet.start()
     await wait_all_done(db, 100, timeout=30)
@@ -371,7 +468,7 @@ async def test_broker_outage_longer_than_the_backoff_schedule_burns_nothing(
     assert all(code == 0 for code in fleet.running_codes())
 
     deliveries = await read_queue(amqp, queue, set(before) | set(during))
-    check_deliveries(db, deliveries)
+    check_deliveries(db, deliveries, sequential(ordered_rows(db, before + during)))
 
 
 async def test_poisoned_message_dies_and_blocks_only_its_aggregate(
@@ -393,6 +490,54 @@ async def test_poisoned_message_dies_and_blocks_only_its_aggregate(
     assert db.row(behind[0])["status"] == "pending"  # blocked behind its dead head
     deliveries = await read_queue(amqp, queue, set(others))
     assert {d.outbox_id for d in deliveries} == set(others)
+    assert {d.aggregate_seq for d in deliveries} == {1}  # each the first of its aggregate
+
+
+async def test_a_transaction_left_open_in_another_database_holds_nothing_back(
+    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, amqp: AmqpService, fleet_factory: Any
+) -> None:
+    """A session that wrote and then sat idle in its transaction for 40 s, in another
+    database of the same cluster (a batch job, a forgotten psql): ordered events written
+    meanwhile still reach the broker within seconds of their commit."""
+    exchange = await rabbit.exchange("direct")
+    queue = await rabbit.queue(bind=(exchange, "outbox"))
+    aggregates = [f"order-{i}" for i in range(5)]
+    create_producer_tables(pg_dsn, names, aggregates)
+    fleet: Fleet = fleet_factory(names, exchange)
+    fleet.start()
+    log = CommitLog()
+    committed_at: dict[int, float] = {}
+    other_database = pg_dsn.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(other_database) as idle_in_transaction:
+        idle_in_transaction.execute("CREATE TEMP TABLE batch_job (x int)")
+        idle_in_transaction.execute("INSERT INTO batch_job VALUES (1)")
+        [(xid,)] = idle_in_transaction.execute("SELECT pg_current_xact_id_if_assigned()").fetchall()
+        assert xid is not None  # it holds a transaction id, as any writing transaction does
+        opened = time.monotonic()
+        async with QueueReader(amqp, queue) as reader:
+            producers = LockedProducers(pg_dsn, names, aggregates, log, threads=1, rollback_share=0.0, seed=7)
+            while time.monotonic() - opened < 36:
+                before = log.ids()
+                await asyncio.to_thread(producers.run, 1)
+                for oid in log.ids() - before:
+                    committed_at[oid] = time.monotonic()
+                await asyncio.sleep(0.5)
+            await reader.wait_for(log.ids(), timeout=3)
+            missing = log.ids() - {d.outbox_id for d in reader.got}
+            assert not missing, f"{len(missing)} of {len(log.ids())} ordered events not delivered in 36 s"
+            assert time.monotonic() - opened < 40
+            [(still,)] = idle_in_transaction.execute("SELECT pg_current_xact_id_if_assigned()").fetchall()
+            assert still == xid  # the same transaction, open all along
+        idle_in_transaction.rollback()
+    fleet.stop()
+    first = {d.outbox_id: d.received_at for d in reversed(reader.got)}
+    latencies = sorted(first[i] - committed_at[i] for i in log.ids())
+    print(
+        f"\n  {len(latencies)} ordered events, commit to broker: median {latencies[len(latencies) // 2]:.3f}s,"
+        f" max {latencies[-1]:.3f}s, while another database's transaction stayed open"
+    )
+    assert latencies[-1] < 3.0, latencies[-5:]
+    check_deliveries(db, reader.got, log.expected())
 
 
 # -- the same checks against SQS (moto in server mode), for the faults that apply --------
@@ -426,6 +571,7 @@ def own_moto(moto_endpoint: str) -> Iterator[Any]:
 
 
 def sqs_fleet(fleet_factory_env: dict[str, str], names: OutboxNames, queue_url: str, endpoint: str) -> Fleet:
+    store_fleet_ordering(fleet_factory_env["RELAY_DSN"], names)
     args = [
         "--schema", names.schema, "--broker", "sqs", "--queue-url", queue_url, "--endpoint-url", endpoint,
         "--region", "us-east-1", "--workers", "2", "--batch-size", "20", "--lease", "3s",
@@ -439,13 +585,17 @@ def sqs_fleet(fleet_factory_env: dict[str, str], names: OutboxNames, queue_url: 
 def sqs_deliveries(client: Any, url: str) -> list[Delivery]:
     return [
         Delivery(
-            m.outbox_id, m.attributes["aggregate_id"], m.attributes["event_type"], int(m.attributes["lease_version"])
+            m.outbox_id,
+            m.attributes["aggregate_id"],
+            m.attributes["event_type"],
+            int(m.attributes["lease_version"]),
+            int(m.attributes["aggregate_seq"]) if "aggregate_seq" in m.attributes else None,
         )
         for m in receive_all(client, url, idle_s=1.0)
     ]
 
 
-async def test_sqs_crashes_killed_sessions_and_unlocked_producers(
+async def test_sqs_crashes_killed_sessions_with_locking_and_unlocked_producers(
     pg_dsn: str, names: OutboxNames, db: Db, own_moto: Any
 ) -> None:
     seed = int(os.environ.get("RELAY_FAULT_SEED") or random.randrange(1 << 30))
@@ -457,18 +607,14 @@ async def test_sqs_crashes_killed_sessions_and_unlocked_producers(
     try:
         for _ in range(3):
             fleet.start()
-        written: list[int] = []
-        producer = threading.Thread(
-            target=lambda: written.append(produce_interleaved(pg_dsn, names, aggregates=20, rounds=25, seed=seed))
-        )
-        producer.start()
+        locked, unlocked, producing = producers_both_ways(pg_dsn, names, seed, locked_tx=35, unlocked_rounds=25)
         await run_chaos(fleet, rng, pg_dsn, db, seconds=10)
-        producer.join()
-        await wait_all_done(db, written[0])
+        await asyncio.to_thread(producing.join)
+        await wait_all_done(db, len(db.rows()))
     finally:
         fleet.stop()
     assert all(code == 0 for code in fleet.running_codes()), fleet.running_codes()
-    check_deliveries(db, await asyncio.to_thread(sqs_deliveries, client, url))
+    check_deliveries(db, await asyncio.to_thread(sqs_deliveries, client, url), merged(locked, unlocked))
 
 
 async def test_sqs_outage_longer_than_the_backoff_schedule_burns_nothing(
@@ -500,4 +646,4 @@ async def test_sqs_outage_longer_than_the_backoff_schedule_burns_nothing(
     assert all(code == 0 for code in fleet.running_codes())
     deliveries = await asyncio.to_thread(sqs_deliveries, client, url)
     assert {d.outbox_id for d in deliveries} >= set(before) | set(during)
-    check_deliveries(db, deliveries)
+    check_deliveries(db, deliveries, sequential(ordered_rows(db, before + during)))

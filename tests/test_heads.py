@@ -124,51 +124,27 @@ async def test_store_settings_reports_the_map_it_replaced(make_store: Callable[.
     assert replaced == OrderingMap(default_ordered=False, ordered=("Paid.v2", "Order*"))
 
 
-async def test_commit_order_is_respected_without_producer_locks(store: OutboxStore, db: Db, pg_dsn: str) -> None:
-    """Two producers write one aggregate without locking it: the one with the lower id
-    commits last. The relay must neither deliver the later row first nor skip the earlier."""
-    insert = sql.SQL(
-        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'E', '{{}}')"
-        " RETURNING id"
-    ).format(db.table)
-    with psycopg.connect(pg_dsn) as t1, psycopg.connect(pg_dsn) as t2:
-        [(early,)] = t1.execute(insert).fetchall()  # T1 takes the lower id and stays open
-        [(late,)] = t2.execute(insert).fetchall()
-        t2.commit()  # the higher id commits first
-        assert early < late
-        # The naive NOT EXISTS would see only `late` and deliver it now. Ours waits for T1.
-        assert await claim_ids(store) == []
-        t1.commit()
-    delivered = []
-    for _ in range(3):
-        batch = (await store.claim(owner="w", batch=5, lease=LEASE, max_attempts=3)).messages
-        for m in batch:
-            delivered.append(m.id)
-            await store.finalize([Decision.published(m)])
-    # Order within the aggregate is by writing transaction, then id: T1 (early) first.
-    assert delivered == [early, late]
-
-
-async def test_an_open_transaction_elsewhere_delays_ordered_rows_only(
-    make_store: Callable[..., Awaitable[OutboxStore]], db: Db, pg_dsn: str
-) -> None:
-    store = await make_store(OrderingMap(default_ordered=False, ordered=("Order*",)))
-    with psycopg.connect(pg_dsn) as long_tx:
-        long_tx.execute("SELECT pg_current_xact_id()")  # holds an xid, like any writing transaction
-        ids = db.insert([("a", "OrderPlaced", {}), ("b", "Email", {})])
-        assert await claim_ids(store) == [ids[1]]  # the unordered row goes; the ordered waits
-        long_tx.rollback()
-    assert await claim_ids(store) == [ids[0]]
-
-
-async def test_heads_ingest_is_idempotent(store: OutboxStore, db: Db, pool: Any) -> None:
+async def test_ingest_numbers_each_row_once(store: OutboxStore, db: Db, pool: Any) -> None:
     ids = db.insert([("a", "E", {}), ("a", "E", {}), ("b", "E", {})])
     async with pool.connection() as conn:
         for _ in range(3):
-            await conn.execute(store.query("ingest"), {"guard": True})
-        # rewind the cursor: offering the same rows again changes nothing
-        await conn.execute(
-            sql.SQL("UPDATE {} SET ingested_xid = '0'").format(sql.Identifier(db.names.schema, "outbox_cursor"))
-        )
-        await conn.execute(store.query("ingest"), {"guard": True})
+            async with conn.transaction():
+                await conn.execute(store.query("ingest_lock"))
+                await conn.execute(store.query("ingest"), {"transactions": 100})
     assert heads(db) == {"a": (ids[0], True), "b": (ids[2], True)}
+    assert [(r["aggregate_id"], r["aggregate_seq"]) for r in db.rows()] == [("a", 1), ("a", 2), ("b", 1)]
+    cur = db.conn.execute(
+        sql.SQL("SELECT aggregate_id, last_seq FROM {} ORDER BY 1").format(
+            sql.Identifier(db.names.schema, "outbox_heads")
+        )
+    )
+    assert cur.fetchall() == [("a", 2), ("b", 1)]
+
+
+async def test_ingest_skips_while_another_relay_holds_its_turn(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+    [oid] = db.insert([("a", "E", {})])
+    with psycopg.connect(pg_dsn) as other:
+        other.execute(sql.SQL("SELECT 1 FROM {} FOR UPDATE").format(sql.Identifier(db.names.schema, "outbox_ingest")))
+        claim = await store.claim(owner="w", batch=5, lease=LEASE, max_attempts=3)
+        assert claim.messages == [] and claim.numbered == 0  # no wait: the holder numbers it
+    assert await claim_ids(store) == [oid]

@@ -212,7 +212,7 @@ async def test_explain_tells_each_state_apart(scene_store: OutboxStore, scene: S
         assert unordered_only.state == "idle" and unordered_only.unordered_pending == 2
 
         fresh = await explain(conn, db.names, "e")
-        assert fresh.state == "awaiting_ingest" and fresh.not_yet_offered == 1
+        assert fresh.state == "awaiting_ingest" and fresh.not_numbered == 1
 
         await ingest(scene_store, db, "e")
         assert (await explain(conn, db.names, "e")).state == "ready"

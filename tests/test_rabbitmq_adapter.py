@@ -79,6 +79,17 @@ async def test_confirmed_message_arrives_persistent_with_ids_type_and_headers(ra
     }
 
 
+async def test_ordered_messages_carry_their_aggregate_seq_as_an_integer_header(rabbit: Rabbit) -> None:
+    queue = await rabbit.queue()
+    publisher = await rabbit.publisher(routing_key=queue)
+    ordered = outbox_message(ordered=True, aggregate_seq=41)
+    unordered = outbox_message(ordered=False)
+    assert await publisher.publish([ordered, unordered]) == [None, None]
+    got = {int(m.message_id or 0): m.headers for m in await rabbit.drain(queue, 2)}
+    assert got[ordered.id]["aggregate_seq"] == 41 and isinstance(got[ordered.id]["aggregate_seq"], int)
+    assert "aggregate_seq" not in got[unordered.id]
+
+
 async def test_a_batch_is_confirmed_in_one_round_trip_not_one_per_message(rabbit: Rabbit) -> None:
     # 50 ms each way between relay and broker: one confirm per round trip would take 200
     # round trips (over 10 s) for this batch; awaited together it takes a few.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +15,6 @@ from psycopg import sql
 from adapters.memory import STALL, InMemoryPublisher
 from relay import BrokerUnavailable
 from relay.breaker import CircuitBreaker
-from relay.ordering import OrderingMap
 from relay.runner import run_relay
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
@@ -126,30 +124,3 @@ async def test_finalize_survives_killed_database_connections(pg_dsn: str, names:
     assert sorted(set(publisher.delivered_ids())) == ids
     duplicates = len(publisher.delivered_ids()) - len(ids)
     assert duplicates <= 5  # at most the batch in flight when the connections died
-
-
-async def test_held_back_age_is_reported_while_a_transaction_is_open(store: OutboxStore, db: Db, pg_dsn: str) -> None:
-    with psycopg.connect(pg_dsn) as long_tx:
-        long_tx.execute("SELECT pg_current_xact_id()")
-        db.insert([("a", "E", {})])
-        await asyncio.sleep(0.3)
-        claim = await store.claim(owner="w", batch=5, lease=timedelta(seconds=30), max_attempts=3)
-        assert claim.messages == []
-        assert claim.held_back_s is not None and claim.held_back_s >= 0.3
-        long_tx.rollback()
-    claim = await store.claim(owner="w", batch=5, lease=timedelta(seconds=30), max_attempts=3)
-    assert len(claim.messages) == 1
-    assert claim.held_back_s is None
-
-
-async def test_commit_order_guard_can_be_turned_off(
-    make_store: Callable[..., Awaitable[OutboxStore]], db: Db, pg_dsn: str
-) -> None:
-    store = await make_store(OrderingMap())
-    await store.store_settings(commit_order_guard=False)
-    with psycopg.connect(pg_dsn) as long_tx:
-        long_tx.execute("SELECT pg_current_xact_id()")
-        [oid] = db.insert([("a", "E", {})])
-        claim = await store.claim(owner="w", batch=5, lease=timedelta(seconds=30), max_attempts=3)
-        assert [m.id for m in claim.messages] == [oid]  # not held back: the user locks aggregates
-        long_tx.rollback()

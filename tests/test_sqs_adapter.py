@@ -50,6 +50,7 @@ def msg(
     payload: Any = None,
     body: bytes | None = None,
     ordered: bool = False,
+    aggregate_seq: int | None = None,
 ) -> OutboxMessage:
     data = body if body is not None else json.dumps(payload if payload is not None else {"n": id}).encode()
     return OutboxMessage(
@@ -61,6 +62,7 @@ def msg(
         attempt=2,
         lease_version=7,
         ordered=ordered,
+        aggregate_seq=aggregate_seq,
     )
 
 
@@ -237,6 +239,20 @@ async def test_standard_queue_gets_the_payload_as_body_and_the_envelope_as_attri
         "lease_version": "7",
     }
     assert "MessageGroupId" not in first.system
+
+
+async def test_ordered_messages_carry_their_aggregate_seq_as_a_number_attribute(
+    publisher: MakePublisher,
+    make_queue: Callable[..., str],  # noqa: F811
+    sqs_client: Any,  # noqa: F811
+) -> None:
+    url = make_queue(fifo=True)
+    p = await publisher(url)
+    assert await p.publish([msg(1, ordered=True, aggregate_seq=17), msg(2, ordered=False)]) == [None, None]
+    answer = sqs_client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"])
+    got = {int(m["MessageAttributes"]["outbox_id"]["StringValue"]): m["MessageAttributes"] for m in answer["Messages"]}
+    assert got[1]["aggregate_seq"] == {"DataType": "Number", "StringValue": "17"}
+    assert "aggregate_seq" not in got[2]
 
 
 async def test_fifo_groups_by_aggregate_and_collapses_a_resend_by_outbox_id(

@@ -12,6 +12,7 @@ aggregate_id     String  the aggregate the event belongs to
 event_type       String  e.g. ``OrderPaid``
 attempt          Number  1 on the first delivery attempt
 lease_version    Number  the claim's fencing token: a later one supersedes an earlier one
+aggregate_seq    Number  ordered messages only: 1, 2, 3, ... per aggregate in commit order
 ===============  ======  =====================================================
 
 On a FIFO queue ``MessageDeduplicationId`` is the outbox id, so a resend within SQS's
@@ -58,7 +59,7 @@ def group_id(aggregate_id: str) -> str:
 
 
 def attributes(message: OutboxMessage) -> dict[str, MessageAttributeValueTypeDef]:
-    """The envelope as SQS message attributes (6 of the 10 SQS allows)."""
+    """The envelope as SQS message attributes (7 of the 10 SQS allows)."""
     attrs: dict[str, MessageAttributeValueTypeDef] = {
         "outbox_id": {"DataType": "Number", "StringValue": str(message.id)},
         "aggregate_type": {"DataType": "String", "StringValue": message.aggregate_type},
@@ -67,6 +68,8 @@ def attributes(message: OutboxMessage) -> dict[str, MessageAttributeValueTypeDef
         "attempt": {"DataType": "Number", "StringValue": str(message.attempt)},
         "lease_version": {"DataType": "Number", "StringValue": str(message.lease_version)},
     }
+    if message.aggregate_seq is not None:
+        attrs["aggregate_seq"] = {"DataType": "Number", "StringValue": str(message.aggregate_seq)}
     return {name: value for name, value in attrs.items() if value.get("StringValue")}
 
 

@@ -1,0 +1,293 @@
+"""Producers the way real services write the outbox, and the order oracle they leave behind.
+
+Every ordering test checks the relay against what the producers themselves observed, never
+against a key the relay computes. Three patterns:
+
+* **Locked** (the design reference's precondition, and the default in every test): each
+  transaction first writes another table (so PostgreSQL assigns its transaction id early),
+  then locks its aggregates' rows with ``SELECT ... FOR UPDATE`` (or takes
+  ``pg_advisory_xact_lock`` per aggregate) in sorted order, bumps each aggregate's
+  ``version``, inserts the events and commits. The version each transaction read under
+  the lock is the aggregate's own history: the oracle. With locks it also equals id order.
+* **Insert, then lock**: the event is inserted before the aggregate is locked (outside the
+  design reference's precondition, and supported). The oracle is again the version order.
+* **Unlocked**: one thread drives several connections that write the same aggregates with
+  no lock at all and commit in an order it chooses, often the reverse of their ids. One
+  thread issues every COMMIT, so the order the commits returned is exact: the oracle.
+
+Aborted transactions leave nothing in the oracle (their rows never existed).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from relay.sqlnames import OutboxNames
+
+LockKind = Literal["row", "advisory", "insert-then-lock"]
+
+
+def create_producer_tables(dsn: str, names: OutboxNames, aggregates: Iterable[str]) -> None:
+    """The producers' own tables beside the outbox: their aggregates (one row each, with a
+    version the lock holder bumps) and an unrelated table written first in a transaction."""
+    aggregates_t = sql.Identifier(names.schema, "aggregates")
+    audit_t = sql.Identifier(names.schema, "audit")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY, version bigint NOT NULL DEFAULT 0)").format(
+                aggregates_t
+            )
+        )
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id bigserial PRIMARY KEY, note text)").format(audit_t))
+        with conn.cursor() as cur:
+            cur.executemany(
+                sql.SQL("INSERT INTO {} (id) VALUES (%s) ON CONFLICT DO NOTHING").format(aggregates_t),
+                [(a,) for a in aggregates],
+            )
+
+
+@dataclass
+class CommitLog:
+    """What the producers committed, as they observed it. Thread-safe.
+
+    ``ordered`` maps aggregate -> [(position, id)], where position orders the aggregate's
+    transactions as the producers saw them commit: the version read under the lock, or the
+    index of the commit in a single thread's sequence of commits.
+    """
+
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _rows: dict[str, list[tuple[tuple[int, int], int]]] = field(default_factory=dict)
+    committed: int = 0
+    aborted: int = 0
+
+    def record(self, position: int, rows: Iterable[tuple[str, int]]) -> None:
+        with self._lock:
+            for aggregate_id, oid in rows:
+                self._rows.setdefault(aggregate_id, []).append(((position, oid), oid))
+            self.committed += 1
+
+    def abort(self) -> None:
+        with self._lock:
+            self.aborted += 1
+
+    def expected(self) -> dict[str, list[int]]:
+        """Per aggregate, its event ids in commit order (one transaction's events by id)."""
+        with self._lock:
+            return {a: [oid for _, oid in sorted(rows)] for a, rows in self._rows.items()}
+
+    def ids(self) -> set[int]:
+        return {oid for order in self.expected().values() for oid in order}
+
+
+def _insert_sql(names: OutboxNames) -> sql.Composed:
+    return sql.SQL(
+        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', %s, %s, %s) RETURNING id"
+    ).format(sql.Identifier(names.schema, names.table))
+
+
+@dataclass
+class LockedProducers:
+    """``threads`` producers writing ``aggregates`` with the aggregate locked (see module doc)."""
+
+    dsn: str
+    names: OutboxNames
+    aggregates: list[str]
+    log: CommitLog
+    threads: int = 4
+    lock: LockKind = "row"
+    max_aggregates_per_tx: int = 3
+    max_events_per_aggregate: int = 3
+    event_type: str = "OrderUpdated"
+    unordered_type: str | None = None  # also insert an unordered event per transaction
+    rollback_share: float = 0.1
+    pause_s: float = 0.01  # the longest random sleep after the first write and before commit
+    seed: int = 0
+
+    def run(self, transactions: int) -> None:
+        """Each thread runs ``transactions`` transactions; returns when all are done, and
+        raises what any thread raised."""
+        errors: list[BaseException] = []
+
+        def thread(rng: random.Random) -> None:
+            try:
+                self._thread(rng, transactions)
+            except BaseException as exc:
+                errors.append(exc)
+
+        workers = [
+            threading.Thread(target=thread, args=(random.Random(self.seed * 1000 + i),)) for i in range(self.threads)
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        if errors:
+            raise errors[0]
+
+    def _thread(self, rng: random.Random, transactions: int) -> None:
+        with psycopg.connect(self.dsn) as conn:
+            for t in range(transactions):
+                try:
+                    self._transaction(conn, rng, t)
+                except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
+                    # At REPEATABLE READ or SERIALIZABLE a producer retries, as real ones do.
+                    conn.rollback()
+                    self.log.abort()
+
+    def _transaction(self, conn: psycopg.Connection[Any], rng: random.Random, t: int) -> None:
+        insert = _insert_sql(self.names)
+        aggregates_t = sql.Identifier(self.names.schema, "aggregates")
+        chosen = sorted(rng.sample(self.aggregates, k=rng.randint(1, self.max_aggregates_per_tx)))
+        # A write elsewhere first: the transaction id is assigned now, long before the
+        # aggregate's lock is granted or the transaction commits.
+        audit_t = sql.Identifier(self.names.schema, "audit")
+        conn.execute(sql.SQL("INSERT INTO {} (note) VALUES (%s)").format(audit_t), (f"tx {t}",))
+        time.sleep(rng.uniform(0, self.pause_s))
+        rows: list[tuple[str, int]] = []
+
+        def lock() -> None:
+            if self.lock == "advisory":
+                for a in chosen:
+                    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 7))", (a,))
+            else:
+                conn.execute(
+                    sql.SQL("SELECT id FROM {} WHERE id = ANY(%s) ORDER BY id FOR UPDATE").format(aggregates_t),
+                    (chosen,),
+                )
+
+        def write_events() -> None:
+            for a in chosen:
+                for e in range(rng.randint(1, self.max_events_per_aggregate)):
+                    payload = json.dumps({"tx": t, "event": e})
+                    [(oid,)] = conn.execute(insert, (a, self.event_type, payload)).fetchall()
+                    rows.append((a, oid))
+                if self.unordered_type:
+                    conn.execute(insert, (a, self.unordered_type, "{}"))
+
+        if self.lock == "insert-then-lock":
+            write_events()
+            lock()
+        else:
+            lock()
+            write_events()
+        bump = sql.SQL("UPDATE {} SET version = version + 1 WHERE id = %s RETURNING version").format(aggregates_t)
+        versions = {a: conn.execute(bump, (a,)).fetchall()[0][0] for a in chosen}
+        time.sleep(rng.uniform(0, self.pause_s))
+        if rng.random() < self.rollback_share:
+            conn.rollback()
+            self.log.abort()
+            return
+        conn.commit()
+        for a in chosen:
+            self.log.record(versions[a], [r for r in rows if r[0] == a])
+
+
+def produce_unlocked(
+    dsn: str,
+    names: OutboxNames,
+    aggregates: list[str],
+    log: CommitLog,
+    *,
+    rounds: int,
+    seed: int,
+    connections: int = 3,
+    event_type: str = "OrderUpdated",
+    unordered_type: str | None = "EmailQueued",
+    pause_s: tuple[float, float] = (0.0, 0.2),
+    on_commit: Callable[[], None] | None = None,
+) -> None:
+    """Several connections write the same aggregates with no lock and commit in an order
+    chosen here, usually against their ids; every commit is issued from this one thread, so
+    the order they return in is the commit order the log records."""
+    rng = random.Random(seed)
+    insert = _insert_sql(names)
+    position = 0
+    conns = [psycopg.connect(dsn) for _ in range(connections)]
+    try:
+        for _ in range(rounds):
+            chosen = rng.sample(aggregates, k=min(len(aggregates), rng.randint(1, 5)))
+            rows: list[list[tuple[str, int]]] = [[] for _ in conns]
+            # Interleave the inserts so each transaction holds some lower and some higher ids.
+            for _step in range(rng.randint(1, 3)):
+                for i, conn in enumerate(conns):
+                    for a in chosen:
+                        if rng.random() < 0.7:
+                            [(oid,)] = conn.execute(insert, (a, event_type, json.dumps({"by": i}))).fetchall()
+                            rows[i].append((a, oid))
+                    if unordered_type:
+                        conn.execute(insert, (rng.choice(chosen), unordered_type, "{}"))
+            order = list(range(len(conns)))
+            # Usually the transaction that took the lowest ids commits last.
+            order = order[::-1] if rng.random() < 0.7 else rng.sample(order, k=len(order))
+            for i in order:
+                if rng.random() < 0.1:
+                    conns[i].rollback()
+                    log.abort()
+                    continue
+                conns[i].commit()
+                position += 1
+                log.record(position, rows[i])
+                if on_commit is not None:
+                    on_commit()
+                # Sometimes no pause: both commits land before any relay looks, so they
+                # become visible to it together.
+                if rng.random() < 0.5:
+                    time.sleep(rng.uniform(*pause_s))
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def outbox_id(delivery: Any) -> int:
+    """The outbox id of a delivery: a consumer's record (``outbox_id``) or a message (``id``)."""
+    return int(getattr(delivery, "outbox_id", None) or delivery.id)
+
+
+def first_deliveries(deliveries: Iterable[Any]) -> list[Any]:
+    """Each outbox id's first delivery, in arrival order."""
+    seen: set[int] = set()
+    first = []
+    for d in deliveries:
+        if outbox_id(d) not in seen:
+            seen.add(outbox_id(d))
+            first.append(d)
+    return first
+
+
+def order_violations(expected: dict[str, list[int]], delivered_first: Iterable[Any]) -> list[str]:
+    """How the first deliveries disagree with the producers' commit order, per aggregate:
+    one line per aggregate whose delivered order is not its commit order."""
+    by_aggregate: dict[str, list[int]] = {}
+    for d in delivered_first:
+        by_aggregate.setdefault(d.aggregate_id, []).append(outbox_id(d))
+    problems = []
+    for aggregate_id, want in expected.items():
+        wanted = set(want)
+        got = [i for i in by_aggregate.get(aggregate_id, []) if i in wanted]
+        if got != want:
+            problems.append(f"{aggregate_id}: delivered {got} but committed {want}")
+    return problems
+
+
+def count_inversions(expected: dict[str, list[int]], delivered_first: Iterable[Any]) -> int:
+    """Events first delivered after an event that committed later in the same aggregate."""
+    rank = {oid: i for order in expected.values() for i, oid in enumerate(order)}
+    latest: dict[str, int] = {}
+    inversions = 0
+    for d in delivered_first:
+        r = rank.get(outbox_id(d))
+        if r is None:
+            continue
+        if r < latest.get(d.aggregate_id, -1):
+            inversions += 1
+        latest[d.aggregate_id] = max(r, latest.get(d.aggregate_id, -1))
+    return inversions

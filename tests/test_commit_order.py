@@ -1,0 +1,359 @@
+"""Per-aggregate order is commit order, numbered 1, 2, 3, ... (aggregate_seq) without gaps.
+
+The oracle is always what the producers observed (tests/producers.py): the version each
+locked transaction read under its aggregate's lock, or the order a single thread issued
+its commits in. Delivery order is what the in-memory broker received. Every scenario runs
+the design reference's pattern (producers lock the aggregate) first, then the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from adapters.memory import InMemoryPublisher
+from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, resolve
+from relay.message import Decision, OutboxMessage
+from relay.migrate import migrate
+from relay.runner import run_relay
+from relay.sqlnames import OutboxNames
+from relay.store import OutboxStore, store_ordering
+from tests.conftest import Db
+from tests.producers import (
+    CommitLog,
+    LockedProducers,
+    create_producer_tables,
+    first_deliveries,
+    order_violations,
+    produce_unlocked,
+)
+
+LEASE = timedelta(seconds=30)
+
+
+def relay_settings(pg_dsn: str, names: OutboxNames, **over: object) -> RelaySettings:
+    values = resolve((*CORE_OPTIONS, *START_OPTIONS), {}, {}, {})
+    values.update(
+        dsn=pg_dsn,
+        schema=names.schema,
+        table=names.table,
+        broker="log",
+        workers=3,
+        batch_size=20,
+        poll_interval=timedelta(milliseconds=50),
+        ordering_default="ordered",
+        unordered=("Email*",),
+    )
+    values.update(over)
+    return RelaySettings.from_values(values)
+
+
+def seq_problems(delivered_first: list[OutboxMessage]) -> list[str]:
+    """aggregate_seq must read 1, 2, 3, ... per aggregate in first-delivery order."""
+    seen: dict[str, list[int | None]] = {}
+    for m in delivered_first:
+        if m.ordered:
+            seen.setdefault(m.aggregate_id, []).append(m.aggregate_seq)
+    return [f"{a}: {got}" for a, got in seen.items() if got != list(range(1, len(got) + 1))]
+
+
+def assert_commit_order(log: CommitLog, publisher: InMemoryPublisher) -> None:
+    first = [m for m in first_deliveries(publisher.delivered) if m.ordered]
+    problems = order_violations(log.expected(), first)
+    assert not problems, f"{len(problems)} aggregates out of commit order, e.g. {problems[:3]}"
+    problems = seq_problems(first)
+    assert not problems, f"aggregate_seq not 1, 2, 3, ...: {problems[:3]}"
+    assert log.ids() <= {m.id for m in first}
+
+
+class RelayInThread:
+    """`run_relay` (3 workers, the in-memory broker) on an event loop of the test's own."""
+
+    def __init__(self, settings: RelaySettings) -> None:
+        self.publisher = InMemoryPublisher()
+        self.settings = settings
+
+    async def run_while(self, produce: Any, expected_ids: Any, timeout: float = 60) -> None:
+        # The map first, as `relay migrate --ordered ...` would: rows are routed on insert.
+        async with await psycopg.AsyncConnection.connect(self.settings.dsn, autocommit=True) as conn:
+            await store_ordering(conn, self.settings.names, self.settings.ordering)
+        stop = asyncio.Event()
+        relay = asyncio.create_task(run_relay(self.settings, self.publisher, stop))
+        try:
+            await asyncio.to_thread(produce)
+            deadline = asyncio.get_running_loop().time() + timeout
+            while not expected_ids() <= set(self.publisher.delivered_ids()):
+                assert asyncio.get_running_loop().time() < deadline, "not everything was delivered in time"
+                assert not relay.done(), relay
+                await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await relay
+
+
+@pytest.fixture
+def aggregates(pg_dsn: str, names: OutboxNames) -> list[str]:
+    found = [f"order-{i}" for i in range(12)]
+    create_producer_tables(pg_dsn, names, found)
+    return found
+
+
+@pytest.mark.parametrize("lock", ["row", "advisory", "insert-then-lock"])
+async def test_locking_producers_are_delivered_in_commit_order(
+    pg_dsn: str, names: OutboxNames, aggregates: list[str], lock: Any
+) -> None:
+    log = CommitLog()
+    producers = LockedProducers(
+        pg_dsn, names, aggregates, log, threads=4, lock=lock, unordered_type="EmailQueued", seed=hash(lock) % 1000
+    )
+    relay = RelayInThread(relay_settings(pg_dsn, names))
+    await relay.run_while(lambda: producers.run(40), log.ids)
+    assert log.committed > 100 and log.aborted > 0
+    if lock != "insert-then-lock":
+        # With the lock taken before the insert, the id is drawn under it: id order is
+        # commit order, which is what the design reference promises.
+        assert all(ids == sorted(ids) for ids in log.expected().values())
+    assert_commit_order(log, relay.publisher)
+
+
+async def test_unlocked_producers_are_delivered_in_commit_order(
+    pg_dsn: str, names: OutboxNames, aggregates: list[str]
+) -> None:
+    log = CommitLog()
+    relay = RelayInThread(relay_settings(pg_dsn, names))
+    await relay.run_while(
+        lambda: produce_unlocked(pg_dsn, names, aggregates, log, rounds=60, seed=3, pause_s=(0.0, 0.05)), log.ids
+    )
+    expected = log.expected()
+    assert any(ids != sorted(ids) for ids in expected.values()), "no commit went against id order: nothing tested"
+    assert_commit_order(log, relay.publisher)
+
+
+def _insert(conn: psycopg.Connection[Any], names: OutboxNames, aggregate_id: str = "a", event: str = "E") -> int:
+    [(oid,)] = conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', %s, %s, '{{}}')"
+            " RETURNING id"
+        ).format(sql.Identifier(names.schema, names.table)),
+        (aggregate_id, event),
+    ).fetchall()
+    return int(oid)
+
+
+async def deliver(store: OutboxStore) -> list[OutboxMessage]:
+    """Claim and finalize as published until nothing is left; what was claimed, in order."""
+    out: list[OutboxMessage] = []
+    while True:
+        claim = await store.claim(owner="w", batch=50, lease=LEASE, max_attempts=3)
+        if not claim.messages:
+            return out
+        out.extend(claim.messages)
+        await store.finalize([Decision.published(m) for m in claim.messages])
+
+
+async def test_commits_the_relay_sees_apart_go_in_the_order_it_saw_them(
+    store: OutboxStore, names: OutboxNames, pg_dsn: str
+) -> None:
+    with psycopg.connect(pg_dsn) as t1, psycopg.connect(pg_dsn) as t2:
+        early = _insert(t1, names)  # the lower id, committed last
+        late = _insert(t2, names)
+        t2.commit()
+        [first] = await deliver(store)
+        t1.commit()
+        [second] = await deliver(store)
+    assert (first.id, first.aggregate_seq) == (late, 1)
+    assert (second.id, second.aggregate_seq) == (early, 2)
+
+
+async def test_commits_that_become_visible_together_go_in_commit_order(
+    store: OutboxStore, names: OutboxNames, pg_dsn: str
+) -> None:
+    """No relay looks between the two commits, so both rows are new to the same ingest.
+    The commit stamp, drawn at COMMIT, still tells which committed first."""
+    with psycopg.connect(pg_dsn) as t1, psycopg.connect(pg_dsn) as t2, psycopg.connect(pg_dsn) as t3:
+        a1 = _insert(t1, names)
+        a2 = _insert(t2, names)
+        a3 = _insert(t3, names)
+        b1 = _insert(t1, names)  # t1 holds the lowest and the highest id
+        t3.commit()
+        t1.commit()
+        t2.commit()
+    delivered = await deliver(store)
+    assert [(m.id, m.aggregate_seq) for m in delivered] == [(a3, 1), (a1, 2), (b1, 3), (a2, 4)]
+
+
+@pytest.mark.parametrize("elsewhere", ["same database", "another database"])
+async def test_a_transaction_left_open_holds_nothing_back(
+    store: OutboxStore, db: Db, pg_dsn: str, elsewhere: str
+) -> None:
+    other = pg_dsn if elsewhere == "same database" else pg_dsn.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(other) as long_tx:
+        long_tx.execute("CREATE TEMP TABLE held (x int)")
+        long_tx.execute("INSERT INTO held VALUES (1)")  # it has written: it holds a transaction id
+        ids = db.insert([("a", "E", {}), ("a", "E", {})])
+        assert [m.id for m in await deliver(store)] == ids
+        long_tx.rollback()
+
+
+async def test_an_aborted_producer_transaction_leaves_no_gap(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+    [first] = db.insert([("a", "E", {})])
+    with psycopg.connect(pg_dsn) as aborted:
+        _insert(aborted, db.names)
+        _insert(aborted, db.names)
+        aborted.rollback()
+    [second] = db.insert([("a", "E", {})])
+    delivered = await deliver(store)
+    assert [(m.id, m.aggregate_seq) for m in delivered] == [(first, 1), (second, 2)]
+
+
+async def test_one_insert_select_over_many_aggregates(store: OutboxStore, db: Db) -> None:
+    db.conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+            " SELECT 'order', 'agg-' || (g % 50), 'E', jsonb_build_object('g', g) FROM generate_series(1, 200) g"
+        ).format(db.table)
+    )
+    by_aggregate: dict[str, list[tuple[int, int | None]]] = {}
+    for m in await deliver(store):
+        by_aggregate.setdefault(m.aggregate_id, []).append((m.id, m.aggregate_seq))
+    assert len(by_aggregate) == 50
+    for got in by_aggregate.values():
+        assert [i for i, _ in got] == sorted(i for i, _ in got)  # one transaction: id order
+        assert [s for _, s in got] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+async def test_producers_at_stricter_isolation_levels(
+    pg_dsn: str, names: OutboxNames, aggregates: list[str], isolation: str
+) -> None:
+    dsn = f"{pg_dsn}?options=-c%20default_transaction_isolation%3D{isolation.replace(' ', '%5C%20')}"
+    with psycopg.connect(dsn) as check:
+        [(level,)] = check.execute("SHOW transaction_isolation").fetchall()
+        assert level == isolation
+    log = CommitLog()
+    # Serialization failures are possible only between transactions that conflict; with
+    # the aggregate locked first, these do not, and every transaction commits or aborts
+    # by the producers' own choice.
+    producers = LockedProducers(dsn, names, aggregates, log, threads=3, seed=11)
+    unlocked_log = CommitLog()
+    relay = RelayInThread(relay_settings(dsn, names))  # the relay's own sessions run READ COMMITTED
+
+    def produce() -> None:
+        producers.run(20)
+        produce_unlocked(dsn, names, [f"u-{i}" for i in range(5)], unlocked_log, rounds=20, seed=5)
+
+    await relay.run_while(produce, lambda: log.ids() | unlocked_log.ids())
+    assert_commit_order(log, relay.publisher)
+    assert_commit_order(unlocked_log, relay.publisher)
+
+
+async def test_two_outboxes_written_in_one_transaction_each_get_their_stamp(
+    pg_dsn: str, names: OutboxNames, store: OutboxStore, pool: Any
+) -> None:
+    second = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="events")
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await migrate(conn, second)
+    try:
+        other = OutboxStore(pool, second, store.ordering)
+        await other.store_settings()
+        with psycopg.connect(pg_dsn) as t1, psycopg.connect(pg_dsn) as t2:
+            a_low, b_low = _insert(t1, names), _insert(t1, second)
+            a_high, b_high = _insert(t2, names), _insert(t2, second)
+            t2.commit()
+            t1.commit()
+        assert [m.id for m in await deliver(store)] == [a_high, a_low]
+        assert [m.id for m in await deliver(other)] == [b_high, b_low]
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(second.schema)))
+
+
+async def test_rows_written_with_the_triggers_off_are_numbered_by_id(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+    """A bulk load under session_replication_role = replica fires no trigger: no route, no
+    stamp. Such rows are still numbered, by id, once no stamped transaction waits."""
+    with psycopg.connect(pg_dsn) as loader:
+        loader.execute("SET LOCAL session_replication_role = replica")
+        ids = [_insert(loader, db.names) for _ in range(3)]
+        loader.commit()
+    delivered = await deliver(store)
+    assert [(m.id, m.aggregate_seq) for m in delivered] == [(ids[0], 1), (ids[1], 2), (ids[2], 3)]
+
+
+# -- a property over real connections ---------------------------------------------------
+
+_CONNS = 3
+_AGGREGATES = ("a", "b")
+_step = st.one_of(
+    st.tuples(st.just("insert"), st.integers(0, _CONNS - 1), st.sampled_from(_AGGREGATES)),
+    st.tuples(st.just("commit"), st.integers(0, _CONNS - 1), st.just("")),
+    st.tuples(st.just("abort"), st.integers(0, _CONNS - 1), st.just("")),
+    st.tuples(st.just("relay"), st.integers(0, 2), st.just("")),
+)
+
+
+@pytest.fixture
+def producer_conns(pg_dsn: str) -> Iterator[list[psycopg.Connection[Any]]]:
+    conns = [psycopg.connect(pg_dsn) for _ in range(_CONNS)]
+    yield conns
+    for c in conns:
+        c.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(_step, min_size=1, max_size=40))
+async def test_any_interleaving_is_delivered_in_commit_order_without_gaps(
+    store: OutboxStore, db: Db, producer_conns: list[psycopg.Connection[Any]], steps: list[tuple[str, int, str]]
+) -> None:
+    """Random inserts, commits and aborts on several open transactions, with the relay's
+    ingest, claim and finalize in between (``relay`` steps: 0 claims and finalizes, 1 only
+    claims, 2 finalizes what is claimed). Commit order is the order this test commits in."""
+    db.conn.execute(sql.SQL("TRUNCATE {}").format(db.table))
+    db.conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(db.names.schema, "outbox_heads")))
+    db.conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(db.names.schema, "outbox_commits")))
+    log = CommitLog()
+    open_rows: list[list[tuple[str, int]]] = [[] for _ in producer_conns]
+    position = 0
+    claimed: list[OutboxMessage] = []
+    delivered: list[OutboxMessage] = []
+
+    async def relay_step(kind: int) -> None:
+        if kind in (0, 1):
+            claimed.extend((await store.claim(owner="w", batch=10, lease=LEASE, max_attempts=3)).messages)
+        if kind in (0, 2) and claimed:
+            await store.finalize([Decision.published(m) for m in claimed])
+            delivered.extend(claimed)
+            claimed.clear()
+
+    for action, i, aggregate_id in [*steps, *(("commit", i, "") for i in range(_CONNS))]:
+        conn = producer_conns[i]
+        if action == "insert":
+            open_rows[i].append((aggregate_id, _insert(conn, db.names, aggregate_id)))
+        elif action == "commit":
+            conn.commit()
+            if open_rows[i]:
+                position += 1
+                log.record(position, open_rows[i])
+            open_rows[i] = []
+        elif action == "abort":
+            conn.rollback()
+            open_rows[i] = []
+        else:
+            await relay_step(int(i))
+    await relay_step(2)
+    while True:
+        before = len(delivered)
+        await relay_step(0)
+        if len(delivered) == before:
+            break
+    assert order_violations(log.expected(), delivered) == []
+    assert seq_problems(delivered) == []
+    assert {m.id for m in delivered} == log.ids()
