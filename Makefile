@@ -58,8 +58,10 @@ test-faults: venv
 	  $(BIN)/pytest -m faults -s $(PYTEST_ARGS) || exit 1; done
 
 # Benchmarks (scripts, not tests): each prints its figures beside a baseline from the same run.
+# bench_producer needs pgbench (Debian: postgresql-client).
 bench: venv
 	$(BIN)/python scripts/bench_db.py
+	$(BIN)/python scripts/bench_producer.py
 
 bench-rabbitmq: venv
 	$(BIN)/python scripts/bench_rabbitmq.py

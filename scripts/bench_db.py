@@ -256,21 +256,25 @@ def drain_scenario(
 
 
 async def claim_latency_relay(dsn: str, samples: int, batch: int) -> list[float]:
-    """Time the relay's whole claim transaction (ingest, reap, both claims), rolled back."""
+    """Time the relay's whole claim transaction (reap, ingest, both claims), rolled back."""
     names = OutboxNames(RELAY_SCHEMA)
     from relay.sqlfiles import named_queries
+    from relay.store import INGEST_TRANSACTIONS
 
     q = {name: names.render(text) for name, text in named_queries().items()}
     params = {"owner": "bench", "lease": LEASE, "max_attempts": MAX_ATTEMPTS, "batch": batch}
+    ingest = {"transactions": INGEST_TRANSACTIONS}
     out = []
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        # The first ingest offers the whole backlog once; claims after it are what we time.
-        await conn.execute(q["ingest"], {"guard": True})
+        # The first ingest numbers the whole backlog once; claims after it are what we time.
+        await conn.execute(q["ingest_lock"])
+        await conn.execute(q["ingest"], ingest)
         await conn.commit()
         for _ in range(samples):
             started = time.perf_counter()
-            await conn.execute(q["ingest"], {"guard": True})
             await conn.execute(q["reap_expired"], params)
+            await conn.execute(q["ingest_lock"])
+            await conn.execute(q["ingest"], ingest)
             cur = await conn.execute(q["claim_ordered"], params)
             got = len(await cur.fetchall())
             await conn.execute(q["claim_unordered"], params)

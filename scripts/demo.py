@@ -196,6 +196,7 @@ class Received:
     group: str
     event_type: str
     body: dict[str, Any]
+    aggregate_seq: int | None  # ordered events only: 1, 2, 3, ... per order
 
 
 def read_back(client: Any, url: str) -> list[Received]:
@@ -224,6 +225,7 @@ def read_back(client: Any, url: str) -> list[Received]:
                     group=m["Attributes"]["MessageGroupId"],
                     event_type=attrs["event_type"]["StringValue"],
                     body=json.loads(m["Body"]),
+                    aggregate_seq=int(attrs["aggregate_seq"]["StringValue"]) if "aggregate_seq" in attrs else None,
                 )
             )
         client.delete_message_batch(
@@ -330,6 +332,7 @@ class Verdict:
     distinct: int = 0
     missing: int = 0
     order_breaks: int = 0
+    seq_breaks: int = 0  # first deliveries whose aggregate_seq is not the previous one + 1
     groups: int = 0
     relay_exit: int | None = None
     drained: bool = False
@@ -352,11 +355,14 @@ class Verdict:
             f"  distinct outbox ids         {self.distinct}   missing: {self.missing}",
             f"  duplicates seen by consumer {self.received - self.distinct}"
             + (f"   (rows claimed again after the crash: {self.reclaimed})" if self.reclaimed is not None else ""),
-            f"  orders (message groups)     {self.groups}   sequence breaks: {self.order_breaks}",
+            f"  orders (message groups)     {self.groups}   sequence breaks: {self.order_breaks}"
+            f"   aggregate_seq gaps: {self.seq_breaks}",
             f"  relay exit code on SIGTERM  {self.relay_exit}",
         ]
         if self.ok:
-            out.append("PASS: every event arrived exactly once, each order's events in sequence")
+            out.append(
+                "PASS: every event arrived exactly once, each order's events in sequence (aggregate_seq 1, 2, 3, ...)"
+            )
         else:
             out.extend(f"FAIL: {p}" for p in self.problems)
         return out
@@ -494,6 +500,14 @@ def judge(verdict: Verdict, got: list[Received], dsn: str, log_path: Path) -> Ve
             sequences[r.group].append(r.outbox_id)
     verdict.groups = len(sequences)
     verdict.order_breaks = sum(1 for s in sequences.values() for a, b in itertools.pairwise(s) if b < a)
+    # What a consumer checks with aggregate_seq: each order's first deliveries read 1, 2, 3, ...
+    numbers: dict[str, list[int | None]] = defaultdict(list)
+    seen: set[int] = set()
+    for r in got:
+        if ORDERING.is_ordered(r.event_type) and r.outbox_id not in seen:
+            seen.add(r.outbox_id)
+            numbers[r.group].append(r.aggregate_seq)
+    verdict.seq_breaks = sum(1 for s in numbers.values() for i, n in enumerate(s) if n != i + 1)
     if got:
         sample = next((r for r in got if r.event_type == "OrderPaid"), got[0])
         print(
@@ -506,6 +520,8 @@ def judge(verdict: Verdict, got: list[Received], dsn: str, log_path: Path) -> Ve
         problems.append(f"{verdict.received - verdict.distinct} duplicates reached the consumer")
     if verdict.order_breaks:
         problems.append(f"{verdict.order_breaks} events arrived before an earlier event of their order")
+    if verdict.seq_breaks:
+        problems.append(f"{verdict.seq_breaks} ordered events arrived with an aggregate_seq out of sequence")
     if verdict.dead:
         problems.append(f"{verdict.dead} messages went to dead")
     if verdict.relay_exit != 0:

@@ -8,7 +8,8 @@
 -- spelled with its index's exact predicate so the planner can use it:
 --   status = 'pending' AND NOT ordered                 <table>_unordered_ready_idx
 --   status = 'pending' AND ordered AND aggregate_seq IS NULL
---                                                      <table>_fresh_idx (committed, not numbered yet)
+--                                                      <table>_fresh_idx (committed, not numbered yet;
+--                                                      it holds such dead rows too)
 --   ordered AND status ... AND aggregate_seq IS NOT NULL
 --                                                      <table>_aggregate_seq_idx, by aggregate (0004)
 --   status = 'processing'                              <table>_leased_idx

@@ -146,7 +146,8 @@ class LockedProducers:
     def _transaction(self, conn: psycopg.Connection[Any], rng: random.Random, t: int) -> None:
         insert = _insert_sql(self.names)
         aggregates_t = sql.Identifier(self.names.schema, "aggregates")
-        chosen = sorted(rng.sample(self.aggregates, k=rng.randint(1, self.max_aggregates_per_tx)))
+        most = min(self.max_aggregates_per_tx, len(self.aggregates))
+        chosen = sorted(rng.sample(self.aggregates, k=rng.randint(1, most)))
         # A write elsewhere first: the transaction id is assigned now, long before the
         # aggregate's lock is granted or the transaction commits.
         audit_t = sql.Identifier(self.names.schema, "audit")
@@ -245,6 +246,14 @@ def produce_unlocked(
     finally:
         for conn in conns:
             conn.close()
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One message as a consumer received it, reduced to what the order checks need."""
+
+    outbox_id: int
+    aggregate_id: str
 
 
 def outbox_id(delivery: Any) -> int:

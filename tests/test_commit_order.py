@@ -25,6 +25,7 @@ from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, resolve
 from relay.message import Decision, OutboxMessage
 from relay.migrate import migrate
 from relay.runner import run_relay
+from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore, store_ordering
 from tests.conftest import Db
@@ -277,9 +278,11 @@ async def test_two_outboxes_written_in_one_transaction_each_get_their_stamp(
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(second.schema)))
 
 
-async def test_rows_written_with_the_triggers_off_are_numbered_by_id(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+async def test_rows_written_with_the_triggers_off_are_numbered_by_transaction_then_id(
+    store: OutboxStore, db: Db, pg_dsn: str
+) -> None:
     """A bulk load under session_replication_role = replica fires no trigger: no route, no
-    stamp. Such rows are still numbered, by id, once no stamped transaction waits."""
+    stamp. Such rows are still numbered, once no stamped transaction waits."""
     with psycopg.connect(pg_dsn) as loader:
         loader.execute("SET LOCAL session_replication_role = replica")
         ids = [_insert(loader, db.names) for _ in range(3)]
@@ -357,3 +360,53 @@ async def test_any_interleaving_is_delivered_in_commit_order_without_gaps(
     assert order_violations(log.expected(), delivered) == []
     assert seq_problems(delivered) == []
     assert {m.id for m in delivered} == log.ids()
+
+
+@pytest.mark.parametrize("plan", ["custom", "generic"])
+@pytest.mark.parametrize("stamped", [True, False])
+async def test_the_ingest_never_walks_the_history(db: Db, pg_dsn: str, stamped: bool, plan: str) -> None:
+    """Its plan reaches the outbox only through index conditions (the fresh index by
+    transaction, the primary key by id), with or without committed transactions waiting,
+    even when the statistics were taken while many rows still waited to be numbered."""
+    db.conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+            " SELECT 'order', 'x' || (g % 3000), 'E', '{{}}' FROM generate_series(1, 40000) g"
+        ).format(db.table)
+    )
+    db.conn.execute(sql.SQL("ANALYZE {}").format(db.table))  # as autovacuum might, mid-burst
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as aconn:
+        await aconn.execute(db.names.render(named_queries()["ingest_lock"]))
+        await aconn.execute(db.names.render(named_queries()["ingest"]), {"transactions": 5000})
+        await aconn.commit()
+    if stamped:
+        for i in range(50):
+            db.insert([(f"a{i}", "E", {})])
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(db.names.render(named_queries()["ingest_lock"]))
+        if plan == "custom":
+            query = db.names.render(named_queries()["ingest"])
+            [(found,)] = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, {"transactions": 5000}).fetchall()
+        else:  # what a prepared statement may switch to after five executions
+            text = named_queries()["ingest"].replace("%(transactions)s", "$1::bigint")
+            conn.execute(sql.SQL("PREPARE ingest_plan AS ") + db.names.render(text))
+            conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            [(found,)] = conn.execute("EXPLAIN (FORMAT JSON) EXECUTE ingest_plan(5000)").fetchall()
+        conn.rollback()
+    walks = [n for n in _plan_nodes(found[0]["Plan"]) if n.get("Relation Name") == db.names.table and _walks(n)]
+    assert not walks, walks
+
+
+def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from _plan_nodes(child)
+
+
+def _walks(node: dict[str, Any]) -> bool:
+    """A scan of the outbox that is not bounded by an index condition."""
+    if node["Node Type"] in ("Seq Scan", "Bitmap Heap Scan") and "Recheck Cond" not in node:
+        return True
+    return node["Node Type"] in ("Index Scan", "Index Only Scan") and (
+        "Index Cond" not in node and not str(node.get("Index Name", "")).endswith("fresh_idx")
+    )

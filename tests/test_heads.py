@@ -148,3 +148,11 @@ async def test_ingest_skips_while_another_relay_holds_its_turn(store: OutboxStor
         claim = await store.claim(owner="w", batch=5, lease=LEASE, max_attempts=3)
         assert claim.messages == [] and claim.numbered == 0  # no wait: the holder numbers it
     assert await claim_ids(store) == [oid]
+
+
+async def test_a_row_marked_dead_by_hand_before_it_was_numbered_still_blocks(store: OutboxStore, db: Db) -> None:
+    ids = db.insert([("a", "E", {}), ("a", "E", {})])
+    db.conn.execute(sql.SQL("UPDATE {} SET status = 'dead' WHERE id = %s").format(db.table), (ids[0],))
+    assert await claim_ids(store) == []  # numbered first, and dead: the aggregate waits behind it
+    assert [r["aggregate_seq"] for r in db.rows()] == [1, 2]
+    assert heads(db) == {"a": (ids[0], False)}

@@ -19,6 +19,7 @@ from relay.ordering import OrderingMap
 from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.helpers import make_worker
+from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
 
 
 class RecordingStore(OutboxStore):
@@ -54,16 +55,29 @@ async def drain(workers: Sequence[Any], until: Callable[[], bool], timeout: floa
         await asyncio.gather(*tasks)
 
 
-async def test_four_workers_finalize_one_aggregate_in_strictly_ascending_order(store: OutboxStore, db: Db) -> None:
-    ids = db.insert(("order-1", "OrderEvent", {"seq": i}) for i in range(30))
+@pytest.mark.parametrize("producers", ["locked", "unlocked"])
+async def test_four_workers_finalize_one_aggregate_in_commit_order(
+    store: OutboxStore, db: Db, pg_dsn: str, producers: str
+) -> None:
+    """Several transactions write one aggregate (locking it first, or not), all committed
+    before the relay looks; four workers then race to deliver them."""
+    log = CommitLog()
+    if producers == "locked":
+        create_producer_tables(pg_dsn, db.names, ["order-1"])
+        LockedProducers(pg_dsn, db.names, ["order-1"], log, threads=3, seed=4, pause_s=0.002).run(10)
+    else:
+        produce_unlocked(pg_dsn, db.names, ["order-1"], log, rounds=8, seed=4, unordered_type=None, pause_s=(0, 0))
+    expected = log.expected()["order-1"]
+    assert len(expected) >= 20
     rec = recording(store)
     publisher = InMemoryPublisher(delay=0.002)
     workers = [make_worker(rec, owner=f"w{i}", publisher=publisher)[0] for i in range(4)]
-    await drain(workers, lambda: len(rec.finalized) == 30)
-    assert rec.finalized == ids
-    assert publisher.delivered_ids() == ids
+    await drain(workers, lambda: len(rec.finalized) == len(expected))
+    assert rec.finalized == expected
+    assert publisher.delivered_ids() == expected
+    assert [m.aggregate_seq for m in publisher.delivered] == list(range(1, len(expected) + 1))
     assert sum(1 for w in workers if w.stats.published) >= 2, "one worker did everything; no race was tested"
-    assert db.statuses() == {"done": 30}
+    assert db.statuses() == {"done": len(expected)}
 
 
 async def test_unordered_types_are_taken_in_parallel(make_store: Callable[..., Awaitable[OutboxStore]], db: Db) -> None:

@@ -19,6 +19,14 @@ from relay.sqlnames import OutboxNames
 from tests import rabbitmq_broker
 from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
+from tests.producers import (
+    Arrival,
+    CommitLog,
+    LockedProducers,
+    create_producer_tables,
+    order_violations,
+    produce_unlocked,
+)
 from tests.rabbitmq_broker import AmqpService, Rabbit, unique
 
 # The fixtures live in tests/rabbitmq_broker.py (conftest.py belongs to the core suite).
@@ -91,14 +99,20 @@ def relay_args(pg_dsn: str, names: OutboxNames, url: str, *extra: str) -> list[s
     return ["--dsn", pg_dsn, "--schema", names.schema, "--broker", "rabbitmq", "--amqp-url", url, *extra]
 
 
-async def test_relay_start_drains_2000_events_over_50_aggregates_in_order(
+async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_in_commit_order(
     pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relay: list[RelayProcess], tmp_path: Path
 ) -> None:
     exchange = await rabbit.exchange("topic")
     queue = await rabbit.queue(bind=(exchange, "order.#"))
-    # 40 events per aggregate; three ordered types and one unordered type interleaved.
+    # A bulk writer: 40 events per aggregate, three ordered types and one unordered type
+    # interleaved, one transaction.
     types = ("OrderPlaced", "OrderPaid", "OrderShipped", "EmailSent")
     rows = [(f"order-{i % 50}", types[(i // 50) % 4], {"seq": i}) for i in range(2000)]
+    # Services that lock the aggregate before writing (the design reference's pattern),
+    # and services that do not, on aggregates of their own.
+    locked_aggs, unlocked_aggs = [f"acct-L{i}" for i in range(10)], [f"acct-U{i}" for i in range(6)]
+    create_producer_tables(pg_dsn, names, locked_aggs)
+    locked, unlocked = CommitLog(), CommitLog()
 
     process = RelayProcess(
         tmp_path / "relay.log",
@@ -118,18 +132,31 @@ async def test_relay_start_drains_2000_events_over_50_aggregates_in_order(
     # Rows are routed to the ordered or unordered claim when inserted, by the map the
     # relay stores at start: insert once it has started, as producers of a running relay do.
     await process.wait_for("relay started")
-    ids = await asyncio.to_thread(db.insert, rows)
-    await wait_until_done(db, process, 2000, timeout=90)
+    bulk = asyncio.to_thread(db.insert, rows)
+    locking = asyncio.to_thread(
+        LockedProducers(pg_dsn, names, locked_aggs, locked, threads=3, unordered_type="EmailQueued", seed=1).run, 40
+    )
+    unlocking = asyncio.to_thread(produce_unlocked, pg_dsn, names, unlocked_aggs, unlocked, rounds=40, seed=2)
+    ids, _, _ = await asyncio.gather(bulk, locking, unlocking)
+    total = len(await asyncio.to_thread(db.rows))
+    await wait_until_done(db, process, total, timeout=90)
     assert process.stop() == 0, process.stderr()
 
-    messages = await rabbit.drain(queue, 2000, timeout=30)
+    messages = await rabbit.drain(queue, total, timeout=30)
     arrived = [int(m.message_id or 0) for m in messages]
-    assert sorted(arrived) == sorted(ids), "every outbox id exactly once"
+    assert sorted(arrived) == sorted(r["id"] for r in db.rows()), "every outbox id exactly once"
     by_id = {i: row for i, row in zip(ids, rows, strict=True)}
     ordered_per_aggregate: dict[str, list[int]] = defaultdict(list)
+    seqs: dict[str, list[int]] = defaultdict(list)
     for m in messages:
         headers = m.headers
         outbox_id = int(m.message_id or 0)
+        if str(headers["event_type"]).startswith("Order"):
+            seqs[str(headers["aggregate_id"])].append(int(str(headers["aggregate_seq"])))
+        else:
+            assert "aggregate_seq" not in headers
+        if outbox_id not in by_id:
+            continue
         aggregate_id, event_type, payload = by_id[outbox_id]
         assert (headers["outbox_id"], headers["aggregate_id"], headers["event_type"]) == (
             outbox_id,
@@ -141,7 +168,11 @@ async def test_relay_start_drains_2000_events_over_50_aggregates_in_order(
             ordered_per_aggregate[aggregate_id].append(outbox_id)
     assert len(ordered_per_aggregate) == 50
     for aggregate_id, sequence in ordered_per_aggregate.items():
-        assert sequence == sorted(sequence), f"{aggregate_id} arrived out of order"
+        assert sequence == sorted(sequence), f"{aggregate_id} arrived out of order"  # one writer: id order
+    received = [Arrival(int(m.message_id or 0), str(m.headers["aggregate_id"])) for m in messages]
+    assert order_violations(locked.expected(), received) == []
+    assert order_violations(unlocked.expected(), received) == []
+    assert all(s == list(range(1, len(s) + 1)) for s in seqs.values()), "aggregate_seq is 1, 2, 3, ..."
     assert "Traceback" not in process.stderr()
 
 
