@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.base import Outcome
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, resolve
-from relay.db import open_pool
+from relay.db import configure_session, open_pool
 from relay.message import OutboxMessage
 from relay.migrate import migrate
 from relay.ordering import OrderingMap
@@ -266,6 +266,7 @@ async def claim_latency_relay(dsn: str, samples: int, batch: int) -> list[float]
     ingest = {"transactions": INGEST_TRANSACTIONS}
     out = []
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await configure_session(conn)  # as the relay's pool sets up each of its sessions
         # The first ingest numbers the whole backlog once; claims after it are what we time.
         await conn.execute(q["ingest_lock"])
         await conn.execute(q["ingest"], ingest)

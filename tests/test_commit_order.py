@@ -22,6 +22,7 @@ from psycopg import sql
 
 from adapters.memory import InMemoryPublisher
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, resolve
+from relay.db import open_pool
 from relay.message import Decision, OutboxMessage
 from relay.migrate import migrate
 from relay.runner import run_relay
@@ -410,3 +411,13 @@ def _walks(node: dict[str, Any]) -> bool:
     return node["Node Type"] in ("Index Scan", "Index Only Scan") and (
         "Index Cond" not in node and not str(node.get("Index Name", "")).endswith("fresh_idx")
     )
+
+
+async def test_the_relays_sessions_run_read_committed_without_jit(pg_dsn: str) -> None:
+    """Whatever the database's defaults say: the ingest needs READ COMMITTED, and JIT
+    compiling its short statements cost 70 ms each once their estimates grew."""
+    hostile = f"{pg_dsn}?options=-c%20default_transaction_isolation%3Dserializable%20-c%20jit%3Don"
+    pool = await open_pool(hostile, size=1)
+    async with pool, pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT current_setting('transaction_isolation'), current_setting('jit')")
+        assert await cur.fetchone() == ("read committed", "off")
