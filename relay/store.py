@@ -139,11 +139,15 @@ class OutboxStore:
         statements on purpose: the lock first, then the numbering on a snapshot taken
         after the lock was granted, so it sees every number the previous holder wrote.
         Returns (rows numbered, whether the turn was full)."""
+        await conn.execute(self._sql["ingest_plans"])
         cur = await conn.execute(self._sql["ingest_lock"])
-        if await cur.fetchone() is None:
-            return 0, False
-        cur = await conn.execute(self._sql["ingest"], {"transactions": INGEST_TRANSACTIONS})
-        row = await cur.fetchone()
+        turn = await cur.fetchone()
+        if turn is not None and turn[0]:  # our turn, and something committed to number
+            cur = await conn.execute(self._sql["ingest"], {"transactions": INGEST_TRANSACTIONS})
+            row = await cur.fetchone()
+        else:
+            row = (0, 0, 0, 0)
+        await conn.execute(self._sql["ingest_plans_reset"])
         assert row is not None  # a SELECT of scalar subqueries always returns one row
         planned, numbered, transactions, _aggregates = row
         if numbered != planned:

@@ -28,9 +28,24 @@ UPDATE {outbox} AS o
  WHERE o.id = expired.id
 RETURNING o.id, o.aggregate_id, o.event_type, o.lease_version, o.attempts, o.status;
 
+-- ingest_plans --
+-- For the ingest's statements only (reset by ingest_plans_reset): no sequential scans. Every access path of the ingest is an index by design; with statistics taken while many rows waited to be numbered (a burst, a bulk load), the planner chose scans of the whole outbox, once per ingest or once per transaction.
+SET LOCAL enable_seqscan = off;
+
+-- ingest_plans_reset --
+-- The planner's own choice again for the rest of the claim transaction.
+SET LOCAL enable_seqscan = DEFAULT;
+
 -- ingest_lock --
--- Take the ingest's turn: one relay numbers at a time. Returns no row when another relay holds the turn; that relay numbers what has committed.
-SELECT true FROM {q_ingest} FOR UPDATE SKIP LOCKED;
+-- Take the ingest's turn: one relay numbers at a time. Returns no row when another relay holds the turn (that relay numbers what has committed); else whether anything may wait to be numbered. That answer comes from this statement's snapshot, taken before the lock: a "no" only leaves rows to the next turn, and saves the numbering statement when idle.
+SELECT (SELECT c.stamp FROM {q_commits} AS c ORDER BY c.stamp LIMIT 1) IS NOT NULL
+       OR (SELECT o.id
+             FROM {outbox} AS o
+            WHERE o.ordered AND o.aggregate_seq IS NULL AND o.status IN ('pending', 'dead')
+            ORDER BY o.xid, o.id  -- the fresh index's order: one probe
+            LIMIT 1) IS NOT NULL AS work
+  FROM {q_ingest}
+   FOR UPDATE SKIP LOCKED;
 
 -- ingest --
 -- Number newly committed ordered rows (aggregate_seq = each aggregate's next numbers, by commit stamp, then id) and offer each aggregate's first one as head where none is. Only after ingest_lock, as the next statement of the same READ COMMITTED transaction: its snapshot is then taken after the previous ingest committed, so no row is numbered twice.
@@ -48,10 +63,11 @@ WITH quiet AS (
 ), fresh AS (
     -- A head is ready at its available_at; a dead one (marked by hand before it was
     -- numbered) is not claimable.
-    SELECT f.id, f.aggregate_id, CASE WHEN f.status = 'pending' THEN f.available_at END AS available_at,
-           t.stamp, f.xid
-      FROM {q_fresh_rows}(ARRAY(SELECT t.xid FROM txns AS t)) AS f
-      JOIN txns AS t ON t.xid = f.xid
+    SELECT o.id, o.aggregate_id, CASE WHEN o.status = 'pending' THEN o.available_at END AS available_at,
+           t.stamp, o.xid
+      FROM txns AS t
+      JOIN {outbox} AS o ON o.xid = t.xid
+     WHERE o.ordered AND o.aggregate_seq IS NULL AND o.status IN ('pending', 'dead')
     UNION ALL
     -- Rows without a stamp (inserted with the relay's triggers off, for example under
     -- session_replication_role = replica): when no stamped transaction waits, every

@@ -78,21 +78,6 @@ DROP INDEX {q_ordered_new_idx};
 CREATE INDEX IF NOT EXISTS {n_fresh_idx} ON {outbox} (xid, id)
     WHERE ordered AND aggregate_seq IS NULL AND status IN ('pending', 'dead');
 
--- The unnumbered rows of the given transactions, for the ingest, always through the
--- fresh index. Its plan must not depend on statistics: taken while many rows waited to be
--- numbered (a burst, a bulk load in one transaction), they made the planner scan the
--- whole outbox once per transaction. STABLE: it reads on the calling statement's snapshot.
-CREATE FUNCTION {q_fresh_rows}(xids xid8[])
-RETURNS TABLE (id bigint, aggregate_id text, xid xid8, status text, available_at timestamptz)
-LANGUAGE sql STABLE
-SET enable_seqscan = off
-AS $$
-    SELECT o.id, o.aggregate_id, o.xid, o.status, o.available_at
-      FROM {outbox} AS o
-     WHERE o.xid = ANY (xids)
-       AND o.ordered AND o.aggregate_seq IS NULL AND o.status IN ('pending', 'dead')
-$$;
-
 -- "The next unfinished ordered row of this aggregate", for advancing a head. Unique: two
 -- unfinished rows of one aggregate can never share a number. Numbered rows only, so a
 -- producer's insert does not write this index.
