@@ -66,7 +66,11 @@ async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
         configure=configure_session,
         name="relay",
     )
-    await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
+    # Not waiting for the pool to fill: the probe above already told a wrong DSN or an
+    # unreachable server apart (one line, exit 2). Sessions that fail after that (dropped
+    # by a failover or pg_terminate_backend) are a passing fault; whoever asks the pool for
+    # a connection waits for it, and the relay's start-up retries (relay.runner).
+    await pool.open(wait=False)
     return pool
 
 

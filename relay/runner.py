@@ -23,7 +23,7 @@ from relay.errors import DatabaseUnavailable
 from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
 from relay.wakeup import listen
-from relay.worker import Worker, WorkerStats
+from relay.worker import Worker, WorkerStats, first_line
 
 log = logging.getLogger("relay.runner")
 
@@ -78,18 +78,11 @@ async def run_relay(
     # One connection per worker plus one spare: a worker holds at most one at a time.
     pool = await open_pool(settings.dsn, size=settings.workers + 1)
     try:
-        async with pool.connection() as conn:
-            await check_schema(conn, settings.names)
-        store = OutboxStore(pool, settings.names, settings.ordering)
         for warning in settings.warnings:
             log.warning("%s", warning)
-        replaced = await store.store_settings(notify=settings.notify)
-        if replaced is not None:
-            log.warning(
-                "ordering map changed from %s to %s; rows inserted from now on are routed by the new map",
-                replaced.describe(),
-                settings.ordering.describe(),
-            )
+        store = await _prepare(settings, pool, stop)
+        if store is None:  # stopped while the database was still refusing us
+            return RunResult(stats=[])
         await publisher.start()
         try:
             return await _run(settings, operate, publisher, store, pool, stop)
@@ -97,6 +90,34 @@ async def run_relay(
             await publisher.close()
     finally:
         await pool.close()
+
+
+async def _prepare(settings: RelaySettings, pool: AsyncConnectionPool[Any], stop: asyncio.Event) -> OutboxStore | None:
+    """Check the schema and store this relay's settings. A database that answered the first
+    connection but then drops sessions (a failover, pg_terminate_backend) is waited for,
+    with the workers' backoff, until it lets us through or we are told to stop."""
+    failures = 0
+    while True:
+        try:
+            async with pool.connection() as conn:
+                await check_schema(conn, settings.names)
+            store = OutboxStore(pool, settings.names, settings.ordering)
+            replaced = await store.store_settings(notify=settings.notify)
+            break
+        except psycopg.OperationalError as exc:  # PoolTimeout is one too
+            failures += 1
+            delay = settings.worker.db_backoff.delay(failures).total_seconds()
+            log.warning("database error while starting, retrying in %.1fs: %s", delay, first_line(exc))
+            await sleep_unless_stopped(stop, delay)
+            if stop.is_set():
+                return None
+    if replaced is not None:
+        log.warning(
+            "ordering map changed from %s to %s; rows inserted from now on are routed by the new map",
+            replaced.describe(),
+            settings.ordering.describe(),
+        )
+    return store
 
 
 async def _run(

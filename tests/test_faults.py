@@ -28,6 +28,7 @@ import random
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -79,19 +80,28 @@ class Fleet:
     env: dict[str, str]
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
     started_at: dict[int, float] = field(default_factory=dict)
+    logs: dict[int, Any] = field(default_factory=dict)
     killed: int = 0
 
     def start(self) -> None:
-        # stdout is unused by the rabbitmq broker; logs go to stderr, kept for failures.
+        # stdout is unused by the brokers here; the log goes to a file (a pipe nobody reads
+        # fills up and blocks a chatty relay), kept for failures.
+        log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read after the process exits; gone with the Fleet
         proc = subprocess.Popen(
-            [*start_relay_argv(), *self.args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=self.env,
+            [*start_relay_argv(), *self.args], stdout=subprocess.DEVNULL, stderr=log, text=True, env=self.env
         )
         self.procs.append(proc)
         self.started_at[proc.pid] = time.monotonic()
+        self.logs[proc.pid] = log
+
+    def assert_clean_exits(self) -> None:
+        """Every relay that was not SIGKILLed exited 0 on SIGTERM; else its log's tail."""
+        for p in self.procs:
+            if p.returncode not in (0, -signal.SIGKILL):
+                log = self.logs[p.pid]
+                log.seek(0)
+                tail = "".join(log.readlines()[-25:])
+                raise AssertionError(f"relay pid {p.pid} exited with {p.returncode}:\n{tail}")
 
     def kill_one(self, rng: random.Random) -> None:
         alive = [p for p in self.procs if p.poll() is None]
@@ -127,10 +137,6 @@ class Fleet:
                 p.wait()
             codes.append(p.returncode)
         return codes
-
-    def running_codes(self) -> list[int]:
-        """Exit codes of the processes that were still running when stopped (SIGTERM: 0)."""
-        return [p.returncode for p in self.procs if p.returncode != -signal.SIGKILL]
 
 
 def start_relay_argv() -> list[str]:
@@ -415,7 +421,7 @@ async def test_crashes_killed_sessions_with_locking_and_unlocked_producers(
     await asyncio.to_thread(producing.join)
     await wait_all_done(db, len(db.rows()))
     fleet.stop()
-    assert all(code == 0 for code in fleet.running_codes()), fleet.running_codes()
+    fleet.assert_clean_exits()
     assert fleet.killed >= 3
 
     deliveries = await read_queue(amqp, queue, {r["id"] for r in db.rows()})
@@ -465,7 +471,7 @@ async def test_broker_outage_longer_than_the_backoff_schedule_burns_nothing(
     print(f"\n  attempts of the rows written during the outage, after it: {dict(attempts)}")
     assert set(attempts) <= {1, 2}, attempts
     fleet.stop()
-    assert all(code == 0 for code in fleet.running_codes())
+    fleet.assert_clean_exits()
 
     deliveries = await read_queue(amqp, queue, set(before) | set(during))
     check_deliveries(db, deliveries, sequential(ordered_rows(db, before + during)))
@@ -613,7 +619,7 @@ async def test_sqs_crashes_killed_sessions_with_locking_and_unlocked_producers(
         await wait_all_done(db, len(db.rows()))
     finally:
         fleet.stop()
-    assert all(code == 0 for code in fleet.running_codes()), fleet.running_codes()
+    fleet.assert_clean_exits()
     check_deliveries(db, await asyncio.to_thread(sqs_deliveries, client, url), merged(locked, unlocked))
 
 
@@ -643,7 +649,7 @@ async def test_sqs_outage_longer_than_the_backoff_schedule_burns_nothing(
         assert all(rows[i]["attempts"] == 1 for i in during)
     finally:
         fleet.stop()
-    assert all(code == 0 for code in fleet.running_codes())
+    fleet.assert_clean_exits()
     deliveries = await asyncio.to_thread(sqs_deliveries, client, url)
     assert {d.outbox_id for d in deliveries} >= set(before) | set(during)
     check_deliveries(db, deliveries, sequential(ordered_rows(db, before + during)))

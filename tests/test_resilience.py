@@ -124,3 +124,32 @@ async def test_finalize_survives_killed_database_connections(pg_dsn: str, names:
     assert sorted(set(publisher.delivered_ids())) == ids
     duplicates = len(publisher.delivered_ids()) - len(ids)
     assert duplicates <= 5  # at most the batch in flight when the connections died
+
+
+async def test_sessions_killed_while_the_relay_starts_only_delay_it(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+    """PostgreSQL drops the relay's sessions again and again while it checks the schema and
+    stores its settings (a failover, an operator's pg_terminate_backend): start-up waits
+    and tries again instead of dying with a traceback."""
+    ids = db.insert((f"agg-{i}", "E", {}) for i in range(10))
+    killing = asyncio.Event()
+
+    async def keep_killing() -> None:
+        while not killing.is_set():
+            await asyncio.to_thread(terminate_relay_sessions, pg_dsn)
+            await asyncio.sleep(0.005)
+
+    killer = asyncio.create_task(keep_killing())
+    publisher = InMemoryPublisher()
+    stop = asyncio.Event()
+    # A short lease: a claim whose COMMIT reached the database but whose answer was lost
+    # with the session holds its rows until the lease runs out.
+    settings = settings_for(pg_dsn, names, workers=2, lease=timedelta(seconds=2), publish_timeout=timedelta(seconds=1))
+    task = asyncio.create_task(run_relay(settings, publisher, stop))
+    await asyncio.sleep(1.5)
+    killing.set()
+    await killer
+    assert not task.done() or task.exception() is None, task.exception()
+    await wait_until(lambda: sorted(set(publisher.delivered_ids())) == ids or task.done(), timeout=30)
+    assert not task.done(), task.exception()
+    stop.set()
+    await task
