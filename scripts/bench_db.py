@@ -45,6 +45,7 @@ from relay.runner import run_relay
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.worker import Worker, WorkerConfig
+from scripts.reference_schema import REFERENCE_DDL
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 RELAY_SCHEMA = "bench_relay"
@@ -54,19 +55,6 @@ MAX_ATTEMPTS = 12
 
 # -- the baseline: the design reference's schema and queries --------------------------
 
-BASE_DDL = """
-CREATE TABLE {t} (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    aggregate_type text NOT NULL, aggregate_id text NOT NULL, event_type text NOT NULL,
-    payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
-    status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'processing', 'done', 'dead')),
-    available_at timestamptz NOT NULL DEFAULT now(), attempts integer NOT NULL DEFAULT 0,
-    lease_owner text, lease_until timestamptz, lease_version bigint NOT NULL DEFAULT 0,
-    last_error text, done_at timestamptz);
-CREATE INDEX ON {t} (available_at, id) WHERE status = 'pending';
-CREATE INDEX ON {t} (lease_until) WHERE status = 'processing';
-CREATE INDEX ON {t} (aggregate_id, id);
-"""
 
 BASE_REAP = """
 UPDATE {t} SET status = 'dead', last_error = 'lease expired after max attempts (worker crash?)',
@@ -116,7 +104,7 @@ def reset(dsn: str, ordering: OrderingMap) -> None:
         for schema in (RELAY_SCHEMA, BASE_SCHEMA):
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(BASE_SCHEMA)))
-        conn.execute(base_sql(BASE_DDL))
+        conn.execute(base_sql(REFERENCE_DDL))
 
     async def prepare() -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:

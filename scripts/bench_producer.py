@@ -34,23 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from relay.migrate import migrate
 from relay.sqlnames import OutboxNames
+from scripts.reference_schema import REFERENCE_DDL
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bench_producer"
 
-# The design reference's table and indexes, nothing of the relay's.
-PLAIN_DDL = """
-CREATE TABLE {t} (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    aggregate_type text NOT NULL, aggregate_id text NOT NULL, event_type text NOT NULL,
-    payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
-    status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'processing', 'done', 'dead')),
-    available_at timestamptz NOT NULL DEFAULT now(), attempts integer NOT NULL DEFAULT 0,
-    lease_owner text, lease_until timestamptz, lease_version bigint NOT NULL DEFAULT 0,
-    last_error text, done_at timestamptz);
-CREATE INDEX ON {t} (available_at, id) WHERE status = 'pending';
-CREATE INDEX ON {t} (lease_until) WHERE status = 'processing';
-"""
 
 # One event per transaction, 1,000 aggregates, a payload of about 100 bytes.
 INSERT_SCRIPT = """\\set a random(1, 1000)
@@ -69,7 +57,7 @@ def setup(dsn: str, variant: str) -> str:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
         table = sql.Identifier(SCHEMA, "outbox")
         if variant == VARIANTS[0]:
-            conn.execute(sql.SQL(PLAIN_DDL).format(t=table))
+            conn.execute(sql.SQL(REFERENCE_DDL).format(t=table))
         else:
 
             async def relay_schema() -> None:
