@@ -4,9 +4,11 @@ TOML file (``--config``), in that order; see :mod:`relay.config`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -39,6 +41,7 @@ from relay.store import store_ordering
 BROKER_OPTIONS = broker_options()
 ALL_OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
 EXIT_USAGE = 2
+EXIT_FAILURE = 1
 
 F = Callable[..., Any]
 
@@ -49,7 +52,8 @@ def with_options(options: Sequence[Option]) -> Callable[[F], F]:
 
     def decorate(func: F) -> F:
         for o in reversed(options):
-            help_text = o.help + (f" [env {o.env}]")
+            bounds = f" [{o.bounds}]" if o.bounds else ""
+            help_text = o.help + bounds + f" [env {o.env}]"
             if o.kind == "bool":
                 func = click.option(f"{o.flag}/--no-{o.flag[2:]}", o.dest, default=None, help=help_text)(func)
             else:
@@ -177,19 +181,59 @@ def _terminate_before_start(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: one clear line and exit code 2 for bad input, never a traceback."""
     signal.signal(signal.SIGTERM, _terminate_before_start)
+    args = list(argv) if argv is not None else sys.argv[1:]
     try:
-        code = cli.main(args=list(argv) if argv is not None else None, prog_name="relay", standalone_mode=False)
+        code = cli.main(args=args, prog_name="relay", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.Abort:
+    except (click.Abort, KeyboardInterrupt):
         sys.exit(130)
     except click.ClickException as exc:
-        click.echo(f"relay: {mask(exc.format_message())}", err=True)
+        click.echo(f"relay: {_joined(exc.format_message())}", err=True)
         sys.exit(EXIT_USAGE)
     except (ConfigError, DatabaseUnavailable) as exc:
-        click.echo(f"relay: {mask(str(exc))}", err=True)
+        click.echo(f"relay: {_joined(str(exc))}", err=True)
         sys.exit(EXIT_USAGE)
+    except Exception as exc:
+        # A bug or a case nobody foresaw: still one line, and the traceback on request.
+        debug = _debugging(args)
+        if debug:
+            click.echo(mask("".join(traceback.format_exception(exc))).rstrip(), err=True)
+        detail = _first_line(str(exc))
+        click.echo(
+            f"relay: unexpected error: {type(exc).__name__}" + (f": {detail}" if detail else "")
+            + ("" if debug else " (rerun with --log-level debug for the traceback)"),
+            err=True,
+        )  # fmt: skip
+        sys.exit(EXIT_FAILURE)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+# An unexpected error's line quotes at most this much of its message: a terminal line or two.
+ERROR_LINE_MAX = 300
+
+
+def _joined(text: str) -> str:
+    """Our own error message, masked, its lines (if it ever has several) joined into one."""
+    return mask(" ".join(line.strip() for line in text.splitlines() if line.strip()))
+
+
+def _first_line(text: str) -> str:
+    """The first non-empty line of someone else's message, masked, cut to :data:`ERROR_LINE_MAX`."""
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    line = mask(first)
+    return line if len(line) <= ERROR_LINE_MAX else line[: ERROR_LINE_MAX - 3] + "..."
+
+
+def _debugging(args: Sequence[str]) -> bool:
+    """Whether the failed command ran at debug level: configured so (from a flag, the
+    environment or the file) or, if it failed before logging was set up, asked for."""
+    if logging.getLogger().isEnabledFor(logging.DEBUG):
+        return True
+    if os.environ.get("RELAY_LOG_LEVEL", "").strip().lower() == "debug":
+        return True
+    pairs = zip(args, [*args[1:], ""], strict=True)
+    return any(a == "--log-level=debug" or (a == "--log-level" and b == "debug") for a, b in pairs)
 
 
 if __name__ == "__main__":

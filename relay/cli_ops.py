@@ -40,8 +40,8 @@ from relay.deadletters import (
     skip,
 )
 from relay.dsn import describe_dsn, mask
-from relay.durations import format_duration, parse_duration
-from relay.errors import ConfigError, DatabaseUnavailable
+from relay.durations import format_bound, format_duration, is_duration_syntax, parse_duration
+from relay.errors import ConfigError, DatabaseUnavailable, shown
 from relay.explain import explain
 from relay.explain import render_text as render_explanation
 from relay.prune import DEFAULT_BATCH, prune
@@ -52,10 +52,35 @@ from relay.status import render_text as render_status
 
 OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)
 CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, erase the screen: --watch redraws in place
-_GROUP_KEY = re.compile(r"^[0-9a-f]{8}$")
+_GROUP_KEY = re.compile(r"[0-9a-f]{8}")
+_ID = re.compile(r"[0-9]{1,19}")
+BIGINT_MAX = 2**63 - 1  # outbox.id is a bigint
+LIST_MAX = 1_000_000  # rows `dead list` prints at most: a table that long is read with --json
+# `status --watch`: faster than 100 ms is a busy loop on the database; slower than an hour
+# is not watching.
+WATCH_MIN, WATCH_MAX = timedelta(milliseconds=100), timedelta(hours=1)
 
 T = TypeVar("T")
 F = Callable[..., Any]
+
+
+class AsciiInt(click.types.IntParamType):
+    """A whole number in ASCII digits within ``low``..``high``: click.INT, like int(), also
+    takes "1_0" (10) and "\u0661" (an Arabic-Indic 1)."""
+
+    def __init__(self, low: int, high: int) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, str) and _ID.fullmatch(value.strip()):
+            number = int(value.strip())
+        else:
+            self.fail(f"{shown(value)} is not a whole number (ASCII digits)", param, ctx)
+        if not self.low <= number <= self.high:
+            self.fail(f"{number} is not in the range {self.low}..{self.high:,}", param, ctx)
+        return number
 
 
 def register(cli: click.Group) -> None:
@@ -73,13 +98,17 @@ def register(cli: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True, help="One JSON object (with --watch: one per refresh).")
     @click.option("--by-event-type", is_flag=True, help="Break the unfinished messages down by event type.")
     @click.option("--watch", is_flag=True, help="Redraw in place every --interval until Ctrl-C.")
-    @click.option("--interval", default="2s", metavar="DURATION", show_default=True, help="Refresh period of --watch.")
+    @click.option(
+        "--interval",
+        default="2s",
+        metavar="DURATION",
+        show_default=True,
+        help=f"Refresh period of --watch ({format_bound(WATCH_MIN)}..{format_bound(WATCH_MAX)}).",
+    )
     def status_cmd(as_json: bool, by_event_type: bool, watch: bool, interval: str, **cli_values: Any) -> None:
         """Is the relay keeping up? Counts, oldest waiting message, expired leases, attempts,
         blocked ordered aggregates (reads only unfinished rows; done is an estimate)."""
-        period = parse_duration(interval, name="--interval")
-        if period <= timedelta(0):
-            raise ConfigError("invalid --interval: must be longer than zero")
+        period = parse_duration(interval, name="--interval", minimum=WATCH_MIN, maximum=WATCH_MAX)
         dsn, names = setup(cli_values)
         where = describe_dsn(dsn)
 
@@ -100,6 +129,7 @@ def register(cli: click.Group) -> None:
     def explain_cmd(aggregate_id: str, as_json: bool, **cli_values: Any) -> None:
         """Why AGGREGATE_ID's ordered messages are or are not moving: its head message, status,
         attempts, last error, next eligible time, lease, and how many wait behind it."""
+        _check_text(aggregate_id, "AGGREGATE_ID")
         dsn, names = setup(cli_values)
 
         async def body(conn: Conn) -> str:
@@ -116,7 +146,9 @@ def register(cli: click.Group) -> None:
     @with_options(OPS_OPTIONS)
     @_filter_options
     @click.option("--group", "grouped", is_flag=True, help="Group by error fingerprint, with counts.")
-    @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True, help="Rows to show.")
+    @click.option(
+        "--limit", type=AsciiInt(1, LIST_MAX), default=100, show_default=True, help=f"Rows to show (1..{LIST_MAX:,})."
+    )
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
     def dead_list_cmd(grouped: bool, limit: int, as_json: bool, **cli_values: Any) -> None:
         """List dead messages (oldest first), or --group them by error."""
@@ -148,6 +180,7 @@ def register(cli: click.Group) -> None:
     ) -> None:
         """Re-drive dead messages: back to pending, attempts reset, available now, in id order,
         so a dead head's aggregate resumes in order. Give IDS, a filter, --group or --all."""
+        _check_text(reason, "--reason")
         _dead_write(
             lambda conn, names, chosen, who: retry(conn, names, chosen, by=who, note=reason, dry_run=dry_run),
             ids, group, all_dead, by, as_json, cli_values,
@@ -171,6 +204,7 @@ def register(cli: click.Group) -> None:
         so the ordered aggregate behind each moves on. Give IDS, a filter, --group or --all."""
         if not reason or not reason.strip():
             raise ConfigError("relay dead skip needs --reason TEXT: it is recorded with the skipped messages")
+        _check_text(reason, "--reason")
         _dead_write(
             lambda conn, names, chosen, who: skip(conn, names, chosen, by=who, reason=reason, dry_run=dry_run),
             ids, group, all_dead, by, as_json, cli_values,
@@ -187,6 +221,7 @@ def register(cli: click.Group) -> None:
     ) -> None:
         """What `dead retry` and `dead skip` share: pick the rows, write, refuse on any bad id."""
         selection = _selection(ids, group, all_dead, cli_values)
+        _check_text(by, "--by")
         dsn, names = setup(cli_values)
         who = by or default_operator()
 
@@ -211,7 +246,7 @@ def register(cli: click.Group) -> None:
     @click.option("--include-dead", is_flag=True, help="Also delete dead rows created before the cutoff.")
     @click.option(
         "--chunk-size",
-        type=click.IntRange(min=1, max=100_000),
+        type=AsciiInt(1, 100_000),
         default=DEFAULT_BATCH,
         show_default=True,
         help="Ids per delete statement (each its own short transaction).",
@@ -225,7 +260,7 @@ def register(cli: click.Group) -> None:
         unless --include-dead); prints what it removed."""
         if older_than is None:
             raise ConfigError("relay prune needs --older-than DURATION (for example 7d): rows finished before then go")
-        age = parse_duration(older_than, name="--older-than")
+        age = parse_duration(older_than, name="--older-than")  # 0 is allowed: every done row goes
         dsn, names = setup(cli_values)
 
         async def body(conn: Conn) -> str:
@@ -282,20 +317,27 @@ def _write_options(func: F) -> F:
 
 
 def _when(value: str | None, flag: str, now: datetime) -> datetime | None:
+    """``value`` as a moment: a duration ago, or an ISO time (local unless it has an offset)."""
     if value is None:
         return None
-    try:
+    if is_duration_syntax(value):
+        # Bounded (at most MAX_DURATION), so "now minus it" stays a valid date.
         return now - parse_duration(value, name=flag)
-    except ConfigError:
-        pass
     try:
         parsed = datetime.fromisoformat(value.strip())
     except ValueError:
         raise ConfigError(
-            f"invalid {flag}: {value!r} (expected a duration such as 30m, 2h, 7d, or an ISO time such as"
+            f"invalid {flag}: {shown(value)} (expected a duration such as 30m, 2h, 7d, or an ISO time such as"
             " 2024-05-01T12:00+00:00)"
         ) from None
-    return parsed if parsed.tzinfo else parsed.astimezone()
+    if parsed.tzinfo:
+        return parsed
+    try:
+        return parsed.astimezone()
+    except (ValueError, OverflowError):  # local time at the very ends of years 1 and 9999
+        raise ConfigError(
+            f"invalid {flag}: {shown(value)} is out of range in the local time zone; give an offset such as +00:00"
+        ) from None
 
 
 def _filter(cli_values: dict[str, Any]) -> DeadFilter:
@@ -308,6 +350,10 @@ def _filter(cli_values: dict[str, Any]) -> DeadFilter:
         created_after=_when(cli_values.pop("f_newer", None), "--newer-than", now),
         created_before=_when(cli_values.pop("f_older", None), "--older-than", now),
     )
+    for event_type in flt.event_types:
+        _check_text(event_type, "--event-type")
+    _check_text(flt.aggregate_id, "--aggregate")
+    _check_text(flt.error, "--error")
     if any(not t.strip() for t in flt.event_types):
         raise ConfigError("invalid --event-type: must not be empty")
     if flt.error is not None and not flt.error.strip():
@@ -315,6 +361,17 @@ def _filter(cli_values: dict[str, Any]) -> DeadFilter:
     if flt.created_after and flt.created_before and flt.created_after >= flt.created_before:
         raise ConfigError("--newer-than and --older-than leave no time between them: nothing could match")
     return flt
+
+
+def _check_text(value: str | None, what: str) -> None:
+    """Refuse text the database could not take. Bytes that are not UTF-8 in an argument
+    reach Python as lone surrogates, which no client encoding can send."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"invalid {what}: not UTF-8 text (character {exc.start + 1} of {len(value):,})") from None
 
 
 Selection = tuple[list[int], DeadFilter, str | None]
@@ -325,11 +382,17 @@ def _selection(ids: tuple[str, ...], group: str | None, all_dead: bool, cli_valu
     flt = _filter(cli_values)
     numbers = []
     for raw in ids:
-        if not raw.isdigit() or int(raw) < 1:
-            raise ConfigError(f"invalid id {raw!r}: outbox ids are positive integers")
+        # ASCII digits only: str.isdigit() also takes "\u00b2" (superscript two, which int()
+        # refuses) and "\u0661" (an Arabic-Indic one, which int() reads as 1).
+        if not _ID.fullmatch(raw) or not 1 <= int(raw) <= BIGINT_MAX:
+            raise ConfigError(
+                f"invalid id {shown(raw)}: outbox ids are positive integers (ASCII digits, at most 2^63-1)"
+            )
         numbers.append(int(raw))
-    if group is not None and not _GROUP_KEY.match(group):
-        raise ConfigError(f"invalid --group {group!r}: expected the 8-character key `relay dead list --group` shows")
+    if group is not None and not _GROUP_KEY.fullmatch(group):
+        raise ConfigError(
+            f"invalid --group {shown(group)}: expected the 8-character key `relay dead list --group` shows"
+        )
     by_filter = not flt.is_empty() or group is not None
     if sum((bool(numbers), by_filter, all_dead)) > 1:
         raise click.UsageError("give ids, or a filter/--group, or --all: not more than one of them")

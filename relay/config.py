@@ -7,7 +7,9 @@ same one-line error from a flag, a variable or the file.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,8 +19,8 @@ from typing import Any, Literal
 
 from relay.backoff import Backoff
 from relay.decide import Policy
-from relay.durations import parse_duration
-from relay.errors import ConfigError
+from relay.durations import format_bound, parse_duration
+from relay.errors import ConfigError, shown
 from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from relay.worker import WorkerConfig
@@ -38,9 +40,12 @@ class Option:
     section: str | None = None
     key: str | None = None
     choices: tuple[str, ...] = ()
+    # Bounds, checked whatever the source; for a duration they are seconds.
     minimum: float | None = None
     maximum: float | None = None
     secret: bool = False
+    # A string that may not be empty: '' is refused rather than read as "the default".
+    nonempty: bool = False
 
     @property
     def flag(self) -> str:
@@ -58,11 +63,28 @@ class Option:
     def where(self) -> str:
         return f"[{self.section}] {self.toml_key}" if self.section else self.toml_key
 
+    @property
+    def bounds(self) -> str | None:
+        """The documented range, as --help and the README show it: ``1s..1d``, ``>= 10ms``."""
+        fmt = _format_bound if self.kind == "duration" else _format_number
+        if self.minimum is not None and self.maximum is not None:
+            return f"{fmt(self.minimum)}..{fmt(self.maximum)}"
+        if self.minimum is not None:
+            return f">= {fmt(self.minimum)}"
+        if self.maximum is not None:
+            return f"<= {fmt(self.maximum)}"
+        return None
+
     def parse(self, value: Any, source: str) -> Any:
         """Convert ``value`` from ``source`` (a flag, a variable or the file) or raise ConfigError."""
         name = f"{self.flag} (from {source})" if source != "command line" else self.flag
         if self.kind == "duration":
-            return parse_duration(value, name=name)
+            return parse_duration(
+                value,
+                name=name,
+                minimum=None if self.minimum is None else timedelta(seconds=self.minimum),
+                maximum=None if self.maximum is None else timedelta(seconds=self.maximum),
+            )
         if self.kind == "list":
             if isinstance(value, str):
                 return tuple(v.strip() for v in value.split(",") if v.strip())
@@ -77,28 +99,62 @@ class Option:
                 return True
             if text in ("0", "false", "no", "off"):
                 return False
-            raise ConfigError(f"invalid {name}: {value!r} (expected true or false)")
+            raise ConfigError(f"invalid {name}: {shown(value)} (expected true or false)")
         if self.kind in ("int", "float"):
-            if isinstance(value, bool):
-                raise ConfigError(f"invalid {name}: {value!r} (expected a number)")
-            try:
-                number: float = int(value) if self.kind == "int" else float(value)
-            except (TypeError, ValueError):
+            number = _number(value, self.kind == "int")
+            if number is None:
                 expected = "an integer" if self.kind == "int" else "a number"
-                raise ConfigError(f"invalid {name}: {value!r} (expected {expected})") from None
+                raise ConfigError(f"invalid {name}: {shown(value)} (expected {expected})")
             if self.minimum is not None and number < self.minimum:
-                raise ConfigError(f"invalid {name}: {value!r} (must be at least {self.minimum:g})")
+                raise ConfigError(f"invalid {name}: {shown(value)} (must be at least {_format_number(self.minimum)})")
             if self.maximum is not None and number > self.maximum:
-                raise ConfigError(f"invalid {name}: {value!r} (must be at most {self.maximum:g})")
+                raise ConfigError(f"invalid {name}: {shown(value)} (must be at most {_format_number(self.maximum)})")
             return number
         if not isinstance(value, str):
             raise ConfigError(f"invalid {name}: expected a string")
         if self.kind == "choice" and value not in self.choices:
-            raise ConfigError(f"invalid {name}: {value!r} (choose from {', '.join(self.choices)})")
+            raise ConfigError(f"invalid {name}: {shown(value)} (choose from {', '.join(self.choices)})")
+        if self.nonempty and not value.strip():
+            raise ConfigError(f"invalid {name}: must not be empty")
         return value
 
 
+# Digits are ASCII only: int() also takes "1_0" and "\u0661" (an Arabic-Indic one).
+_INT = re.compile(r"[+-]?[0-9]{1,30}")
+_FLOAT = re.compile(r"[+-]?[0-9]{1,30}(?:\.[0-9]{1,30})?")
+
+
+def _number(value: Any, integer: bool) -> int | float | None:
+    """``value`` as an int (or float), or None when it is not one: no bool, no float for an
+    int (TOML ``workers = 4.9`` must not become 4), no inf or nan, ASCII digits only."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if not integer and math.isfinite(value) else None
+    if isinstance(value, str):
+        text = value.strip()
+        if integer and _INT.fullmatch(text):
+            return int(text)
+        if not integer and _FLOAT.fullmatch(text):
+            return float(text)
+    return None
+
+
+def _format_bound(seconds: float) -> str:
+    return format_bound(timedelta(seconds=seconds))
+
+
+def _format_number(number: float) -> str:
+    # Whole numbers in full ("1048576", where :g would print "1.04858e+06").
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
 BROKERS = ("sqs", "rabbitmq", "log")
+
+# Duration bounds are declared in seconds.
+MS, SECOND, MINUTE, HOUR, DAY = 0.001, 1.0, 60.0, 3600.0, 86400.0
 
 CORE_OPTIONS: tuple[Option, ...] = (
     Option(
@@ -108,8 +164,8 @@ CORE_OPTIONS: tuple[Option, ...] = (
         "PostgreSQL connection string or URL of the database holding the outbox.",
         secret=True,
     ),
-    Option("schema", "str", "public", "Schema of the outbox table."),
-    Option("table", "str", "outbox", "Name of the outbox table."),
+    Option("schema", "str", "public", "Schema of the outbox table.", nonempty=True),
+    Option("table", "str", "outbox", "Name of the outbox table.", nonempty=True),
 )
 
 START_OPTIONS: tuple[Option, ...] = (
@@ -122,14 +178,35 @@ START_OPTIONS: tuple[Option, ...] = (
     ),
     Option("workers", "int", 4, "Dispatch loops in this process.", minimum=1, maximum=256),
     Option("batch_size", "int", 100, "Rows one claim leases at most.", minimum=1, maximum=1000),
-    Option("lease", "duration", "60s", "How long a claim owns its rows before others may take them over."),
+    Option(
+        "lease",
+        "duration",
+        "60s",
+        "How long a claim owns its rows before others may take them over.",
+        # Under a second leaves no room for a publish and its finalize; past a day, the rows
+        # of a crashed worker wait that long before any other relay may take them over.
+        minimum=SECOND,
+        maximum=DAY,
+    ),
     Option(
         "publish_timeout",
         "duration",
         "20s",
         "Deadline for one batch's publish; must end well inside the lease.",
+        # No broker confirms a batch in under 10 ms: a shorter deadline fails every publish.
+        minimum=10 * MS,
+        maximum=DAY,
     ),
-    Option("poll_interval", "duration", "1s", "How long an idle worker waits before it looks again."),
+    Option(
+        "poll_interval",
+        "duration",
+        "1s",
+        "How long an idle worker waits before it looks again.",
+        # Below 10 ms an idle relay spins (at 0 it commits thousands of empty claims a
+        # second); above an hour, without wake-ups, new rows wait that long.
+        minimum=10 * MS,
+        maximum=HOUR,
+    ),
     Option(
         "commit_order_guard",
         "bool",
@@ -144,19 +221,33 @@ START_OPTIONS: tuple[Option, ...] = (
         "Wake idle workers on insert with LISTEN/NOTIFY; turn off behind a transaction-mode pooler.",
     ),
     Option("max_attempts", "int", 12, "Claims a message gets before it goes to dead.", minimum=1, maximum=1000),
-    Option("backoff_base", "duration", "1s", "First retry waits up to this long (full jitter)."),
-    Option("backoff_cap", "duration", "5m", "No retry waits longer than this."),
+    Option(
+        "backoff_base",
+        "duration",
+        "1s",
+        "First retry waits up to this long (full jitter).",
+        # At 0 every retry is immediate, a hot loop against a failing broker.
+        minimum=MS,
+        maximum=DAY,
+    ),
+    Option("backoff_cap", "duration", "5m", "No retry waits longer than this.", minimum=MS, maximum=DAY),
     Option(
         "shutdown_grace",
         "duration",
         "10s",
         "On SIGTERM, how long in-flight publishes may finish before they are abandoned.",
+        # 0 abandons in-flight publishes at once (their rows go back unspent). Orchestrators
+        # kill after 30 s by default; an hour is the most any supervisor waits.
+        minimum=0,
+        maximum=HOUR,
     ),
     Option(
         "defer_max_age",
         "duration",
         "1d",
         "A message deferred past this age since it was written goes to dead.",
+        minimum=SECOND,
+        maximum=365 * DAY,
     ),
     Option(
         "ordering_default",
@@ -192,14 +283,26 @@ OPERATE_OPTIONS: tuple[Option, ...] = (
         minimum=0,
         maximum=65535,
     ),
-    Option("metrics_host", "str", "0.0.0.0", "Address the metrics endpoint listens on."),
+    Option("metrics_host", "str", "0.0.0.0", "Address the metrics endpoint listens on.", nonempty=True),
     Option(
         "prune_older_than",
         "duration",
         None,
         "Delete done rows older than this, on a schedule (off if unset; see relay prune).",
+        # A relay deleting rows it finished a moment ago leaves nothing to look at after an
+        # incident; a minute is the least that still means "old".
+        minimum=MINUTE,
+        maximum=36500 * DAY,
     ),
-    Option("prune_interval", "duration", "1h", "How often the scheduled prune runs."),
+    Option(
+        "prune_interval",
+        "duration",
+        "1h",
+        "How often the scheduled prune runs.",
+        # Each run reads at least one chunk; more often than every second is a busy loop.
+        minimum=SECOND,
+        maximum=7 * DAY,
+    ),
 )
 
 LOG_OPTIONS: tuple[Option, ...] = (
@@ -214,6 +317,14 @@ LOG_OPTIONS: tuple[Option, ...] = (
 )
 
 
+# A relay's config file is a few hundred bytes; anything past a mebibyte is not one
+# (``--config /dev/zero`` would otherwise be read until memory runs out).
+MAX_CONFIG_BYTES = 1024 * 1024
+# Tables and arrays inside each other: a relay config uses two levels ([ordering] and a
+# list in it); deeper values make no setting, and would recurse through whatever prints them.
+MAX_CONFIG_NESTING = 16
+
+
 def load_file(path: str | None) -> dict[str, Any]:
     """Read the TOML config file, or return {} when none was given."""
     if not path:
@@ -221,15 +332,40 @@ def load_file(path: str | None) -> dict[str, Any]:
     file = Path(path)
     try:
         with file.open("rb") as fh:
-            return tomllib.load(fh)
+            data = fh.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except IsADirectoryError:
         raise ConfigError(f"config file is a directory: {path}") from None
     except PermissionError:
         raise ConfigError(f"config file is not readable: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or type(exc).__name__}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES // 1024} KiB: not a relay config")
+    try:
+        parsed = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"malformed config file {path}: not UTF-8 text (byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"malformed config file {path}: {exc}") from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively.
+        raise ConfigError(f"malformed config file {path}: values nested too deeply") from None
+    if _nesting(parsed) > MAX_CONFIG_NESTING:
+        raise ConfigError(f"malformed config file {path}: values nested too deeply (more than {MAX_CONFIG_NESTING})")
+    return parsed
+
+
+def _nesting(value: Any) -> int:
+    """How deep tables and arrays go inside ``value``, counted without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def check_file_keys(data: Mapping[str, Any], known: Iterable[Option], path: str) -> None:
@@ -245,9 +381,9 @@ def check_file_keys(data: Mapping[str, Any], known: Iterable[Option], path: str)
                 raise ConfigError(f"{path}: [{key}] must be a table")
             for sub in value:
                 if sub not in sections[key]:
-                    raise ConfigError(f"{path}: unknown key {sub!r} in [{key}]")
+                    raise ConfigError(f"{path}: unknown key {shown(sub)} in [{key}]")
         elif key not in top:
-            raise ConfigError(f"{path}: unknown key {key!r}")
+            raise ConfigError(f"{path}: unknown key {shown(key)}")
 
 
 def resolve(
@@ -264,7 +400,8 @@ def resolve(
         if raw is not None and raw != ():
             values[o.dest] = o.parse(raw, "command line")
             continue
-        if o.env in env and env[o.env] != "":
+        # An empty variable means "not set", except where empty is an error of its own.
+        if o.env in env and (env[o.env] != "" or o.nonempty):
             values[o.dest] = o.parse(env[o.env], o.env)
             continue
         table = file.get(o.section, {}) if o.section else file
@@ -364,4 +501,7 @@ def require_dsn(v: Mapping[str, Any]) -> str:
 
 
 def names_from(v: Mapping[str, Any]) -> OutboxNames:
-    return OutboxNames(schema=v.get("schema") or "public", table=v.get("table") or "outbox")
+    # Only a missing value means the default: an empty one was refused when it was parsed,
+    # and reaches OutboxNames (which refuses it too) if it was put in by hand.
+    schema, table = v.get("schema"), v.get("table")
+    return OutboxNames(schema="public" if schema is None else schema, table="outbox" if table is None else table)

@@ -54,3 +54,17 @@ class ConfigError(Exception):
 
 class DatabaseUnavailable(Exception):
     """PostgreSQL cannot be reached; the message names host and database, never a password."""
+
+
+# How much of a rejected value an error line repeats: enough to recognise it, short enough
+# that a value of a million characters still makes one readable line.
+SHOWN_MAX = 60
+
+
+def shown(value: object, limit: int = SHOWN_MAX) -> str:
+    """``value`` as an error line quotes it: its repr, cut to ``limit`` characters with
+    its full length said, so the line stays short whatever the input was."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value):,} characters)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from psycopg.rows import dict_row
 
-from relay.errors import ConfigError
+from relay.errors import ConfigError, shown
 from relay.sqlnames import OutboxNames
 from relay.status import Conn, age_text, ops_query
 
@@ -81,7 +81,7 @@ async def explain(conn: Conn, names: OutboxNames, aggregate_id: str) -> Explanat
     unordered = (u["pending"], u["processing"], u["dead"])
     if not h["has_heads_row"] and o["n"] == 0 and not o["not_numbered"] and not any(unordered):
         raise ConfigError(
-            f"aggregate {aggregate_id!r} not found in {names.qualified}: no unfinished messages and no ordered"
+            f"aggregate {shown(aggregate_id)} not found in {names.qualified}: no unfinished messages and no ordered"
             " history (an aggregate id is matched exactly)"
         )
     waiting_behind = o["n"] - 1 if head is not None else 0

@@ -25,7 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from relay.db import connect
 from relay.dsn import mask
-from relay.errors import ConfigError, DatabaseUnavailable
+from relay.errors import ConfigError, DatabaseUnavailable, shown
 from relay.sqlnames import OutboxNames
 from relay.status import ops_query
 
@@ -62,7 +62,11 @@ async def serve(
             with contextlib.suppress(ConnectionError, OSError):
                 await writer.wait_closed()
 
-    server = await asyncio.start_server(handle, host, port, limit=MAX_REQUEST_HEAD)
+    try:
+        server = await asyncio.start_server(handle, host, port, limit=MAX_REQUEST_HEAD)
+    except OSError as exc:  # the port is taken, the host does not resolve or is not ours
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise ConfigError(f"cannot serve metrics on {shown(host)} port {port}: {reason}") from None
     bound = ", ".join(f"{s.getsockname()[0]}:{s.getsockname()[1]}" for s in server.sockets)
     log.info("serving /metrics, /healthz and /readyz on %s", bound)
     return server

@@ -48,11 +48,14 @@ class Operations:
 
     @classmethod
     def from_values(cls, v: Mapping[str, Any]) -> Operations:
+        # Only a missing value means the default: `or` would read an interval of 0s (falsy)
+        # as "1 hour". The option's bounds refuse 0s before it gets here.
+        interval = v.get("prune_interval")
         return cls(
             metrics_port=v.get("metrics_port"),
             metrics_host=v.get("metrics_host") or "0.0.0.0",
             prune_older_than=v.get("prune_older_than"),
-            prune_interval=v.get("prune_interval") or timedelta(hours=1),
+            prune_interval=timedelta(hours=1) if interval is None else interval,
         )
 
 
@@ -148,8 +151,6 @@ async def _run(
     ]
     background: list[asyncio.Task[None]] = []
     server: asyncio.Server | None = None
-    if settings.notify:
-        background.append(asyncio.create_task(listen(settings.dsn, settings.names, [w.wakeup for w in workers], stop)))
     if metrics is not None and operate.metrics_port is not None:
         from relay.httpd import all_ready, pool_check, serve
 
@@ -168,6 +169,9 @@ async def _run(
                 _every(stop, GAUGE_REFRESH_S, "gauge refresh", lambda: _refresh_gauges(metrics, pool, settings))
             )
         )
+    # After the metrics server: a port that cannot be bound is refused before anything runs.
+    if settings.notify:
+        background.append(asyncio.create_task(listen(settings.dsn, settings.names, [w.wakeup for w in workers], stop)))
     if operate.prune_older_than is not None:
         older_than = operate.prune_older_than
         background.append(

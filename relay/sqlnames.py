@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from relay.errors import ConfigError
+from relay.errors import ConfigError, shown
 
-# PostgreSQL truncates identifiers at 63 bytes; related objects are named
-# "<table>_<suffix>" with suffixes of up to 20 characters, so tables stop at 40.
-_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
+# PostgreSQL truncates identifiers at 63 bytes (NAMEDATALEN - 1); related objects are
+# named "<table>_<suffix>" with suffixes of up to 20 characters, so tables stop at 40.
+NAME_MAX = 40
+IDENTIFIER_MAX = 63
+_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,27 @@ class OutboxNames:
 
     def __post_init__(self) -> None:
         for kind, value in (("schema", self.schema), ("table", self.table)):
-            if not isinstance(value, str) or not _NAME.match(value):
+            if not isinstance(value, str):
+                raise ConfigError(f"invalid {kind} name: expected a string, not {type(value).__name__}")
+            # Length first: the value is quoted in the error, cut, however long it is.
+            if len(value) > NAME_MAX:
                 raise ConfigError(
-                    f"invalid {kind} name {value!r}: use 1-40 lowercase letters, digits or underscores,"
-                    " not starting with a digit"
+                    f"invalid {kind} name {shown(value)}: longer than {NAME_MAX} characters"
+                    f" (PostgreSQL identifiers end at {IDENTIFIER_MAX} bytes, and the relay adds suffixes)"
                 )
+            if not _NAME.fullmatch(value):
+                raise ConfigError(
+                    f"invalid {kind} name {shown(value)}: use 1-{NAME_MAX} lowercase letters, digits or"
+                    " underscores, not starting with a digit"
+                )
+        # The insert trigger notifies channel "schema.table", and pg_notify refuses a channel
+        # name of 64 bytes or more: every producer's INSERT would fail.
+        channel = len(self.schema) + 1 + len(self.table)
+        if channel > IDENTIFIER_MAX:
+            raise ConfigError(
+                f"schema and table names too long together: the wake-up channel {self.schema}.{self.table}"
+                f" is {channel} characters, PostgreSQL allows {IDENTIFIER_MAX}"
+            )
 
     @property
     def qualified(self) -> str:

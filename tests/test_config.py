@@ -76,7 +76,7 @@ def test_env_lists_are_comma_separated() -> None:
         ({"file": {"lease": "forever"}}, r"invalid --lease \(from config lease\)"),
         ({"file": {"ordering": {"default": "sometimes"}}}, r"choose from ordered, unordered"),
         ({"cli": {"broker": "kafka"}}, r"invalid --broker: 'kafka' \(choose from sqs, rabbitmq, log\)"),
-        ({"file": {"max_attempts": True}}, r"expected a number"),
+        ({"file": {"max_attempts": True}}, r"expected an integer"),
     ],
 )
 def test_bad_values_get_one_line_naming_where_they_came_from(source: dict, message: str) -> None:

@@ -86,6 +86,8 @@ OPTIONS: tuple[Option, ...] = (
         " Default: 80% of --publish-timeout.",
         section=SECTION,
         key="confirm_timeout",
+        minimum=0.01,  # seconds: 10 ms to a day, like --publish-timeout
+        maximum=86400,
     ),
     Option(
         "amqp_max_message_size",

@@ -72,6 +72,10 @@ OPTIONS: tuple[Option, ...] = (
         "How long one SQS call may take to connect.",
         section="sqs",
         key="connect_timeout",
+        # Seconds, as every duration bound is. Under 10 ms no call completes; past a minute
+        # (connect) or five (read) a call would outlast any sensible --publish-timeout.
+        minimum=0.01,
+        maximum=60,
     ),
     Option(
         "sqs_read_timeout",
@@ -83,6 +87,8 @@ OPTIONS: tuple[Option, ...] = (
         "How long one SQS call may wait for the response.",
         section="sqs",
         key="read_timeout",
+        minimum=0.01,
+        maximum=300,
     ),
     Option(
         "sqs_sdk_attempts",
