@@ -132,7 +132,7 @@ class OutboxStore:
             async with self.pool.connection() as conn, conn.transaction():
                 if housekeeping:
                     cur = await conn.execute(self._sql["reap_expired"], params)
-                    reaped = [Reaped(*row) for row in await cur.fetchall()]
+                    reaped = [_reaped(row) for row in await cur.fetchall()]
                     numbered, ingest_full = await self._ingest(conn)
                 for name in strategies:
                     remaining = batch - len(messages) - len(unreadable)
@@ -199,6 +199,13 @@ class OutboxStore:
             cur = await conn.execute(self._sql["finalize"], params, prepare=False)
             written = {row[0] for row in await cur.fetchall()}
         return {d.message.id for d in decisions} - written
+
+
+def _reaped(row: Sequence[Any]) -> Reaped:
+    # Only logged and counted: text that is not UTF-8 (SQL_ASCII) is shown escaped, so a
+    # metrics label or a log line can always be written out.
+    outbox_id, aggregate_id, event_type, *rest = row
+    return Reaped(outbox_id, readable(aggregate_id), readable(event_type), *rest)
 
 
 _TEXT_COLUMNS = ("aggregate_type", "aggregate_id", "event_type", "payload")

@@ -191,6 +191,32 @@ async def test_an_error_the_database_encoding_cannot_hold_is_stored_escaped(make
     assert stored.endswith("x\\u2026")
 
 
+async def test_sql_ascii_claim_keeps_a_row_that_is_not_utf8_apart_with_its_bytes(make_database: Any) -> None:
+    dsn = make_database("SQL_ASCII")
+    assert_clean(run_relay("migrate", "--dsn", dsn))
+    with psycopg.connect(dsn, autocommit=True, client_encoding="LATIN1") as legacy:
+        bad = insert(legacy, "order-1", "CréditNoted", {"who": "Zoé"})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        good = insert(conn, "order-2", "CaféOpened", {"who": "Zoë"})
+    pool = await open_pool(dsn, size=1)
+    try:
+        store = OutboxStore(pool, OutboxNames(), OrderingMap())
+        await store.store_settings()
+        claim = await store.claim(owner="test", batch=10, lease=timedelta(seconds=30), max_attempts=3)
+        assert [(m.id, m.event_type, m.payload()) for m in claim.messages] == [(good, "CaféOpened", {"who": "Zoë"})]
+        [unreadable] = claim.unreadable
+        assert (unreadable.message.id, unreadable.message.event_type) == (bad, "Cr\\xe9ditNoted")
+        assert unreadable.message.body == '{"who": "Zoé"}'.encode("latin-1")  # the bytes as stored
+        assert unreadable.reason.startswith("event_type is not valid UTF-8 (byte 0xe9 at offset 2)")
+        # A crash before the row was finalized: its lease expires and the reaper reports it, readably.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("UPDATE {} SET lease_until = now() - interval '1 second'").format(OUTBOX))
+        again = await store.claim(owner="test", batch=10, lease=timedelta(seconds=30), max_attempts=3)
+        assert sorted((r.id, r.event_type) for r in again.reaped) == [(bad, "Cr\\xe9ditNoted"), (good, "CaféOpened")]
+    finally:
+        await pool.close()
+
+
 def test_not_utf8_names_the_first_byte_and_its_offset() -> None:
     raw = "Zoé €".encode("latin-1", "replace")
     assert not_utf8(raw.decode("utf-8", "surrogateescape")) == "byte 0xe9 at offset 2"
