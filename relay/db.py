@@ -8,7 +8,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from relay.dbtext import TextMode, set_up_text
+from relay.dbtext import set_up_text
 from relay.dsn import describe_dsn, mask
 from relay.errors import ConfigError, DatabaseUnavailable
 from relay.sqlfiles import migrations
@@ -18,12 +18,12 @@ CONNECT_TIMEOUT_S = 5
 APPLICATION_NAME = "outbox-relay"
 
 
-async def connect(dsn: str, *, text: TextMode = "readable", **kwargs: Any) -> psycopg.AsyncConnection[Any]:
+async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
     """One autocommit connection; failures become DatabaseUnavailable naming host and database.
 
-    Its text is UTF-8 whatever the database's encoding (:mod:`relay.dbtext`); ``text`` says
-    how bytes that are not UTF-8 in a SQL_ASCII database are read: the operator commands
-    show them as ``\\xe9`` ("readable").
+    Its text is UTF-8 whatever the database's encoding (:mod:`relay.dbtext`). It serves the
+    operator commands, the wake-up listener, prune and probes, none of which publishes: bytes
+    of a SQL_ASCII database that are not UTF-8 are shown as ``\\xe9`` ("readable").
     """
     where = describe_dsn(dsn)
     try:
@@ -33,7 +33,7 @@ async def connect(dsn: str, *, text: TextMode = "readable", **kwargs: Any) -> ps
     except psycopg.ProgrammingError as exc:  # malformed options inside an otherwise parseable DSN
         raise ConfigError(f"invalid --dsn: {mask(_reason(exc))}") from None
     try:
-        await set_up_text(conn, text)
+        await set_up_text(conn, "readable")
     except psycopg.OperationalError as exc:
         await conn.close()
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {_reason(exc)}") from None

@@ -102,7 +102,8 @@ async def _migrate(conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> Mi
             raise _lacks(names, access, "USAGE", f"schema {names.schema}", "run `relay migrate` as the schema's owner")
         if not access["ledger_exists"]:
             if not may_create:
-                raise _lacks(names, access, "CREATE", f"schema {names.schema}", "run `relay migrate` as its owner")
+                owner_runs = "run `relay migrate` as the schema's owner"
+                raise _lacks(names, access, "CREATE", f"schema {names.schema}", owner_runs)
             await conn.execute(
                 sql.SQL(
                     "CREATE TABLE IF NOT EXISTS {} ("
@@ -116,7 +117,7 @@ async def _migrate(conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> Mi
         pending = [(v, n, t) for v, n, t in migrations() if v not in done]
         if pending and not may_create:
             first = f"{pending[0][0]:04d}_{pending[0][1]}"
-            owner_runs = f"run `relay migrate` as its owner (to apply {first})"
+            owner_runs = f"run `relay migrate` as the schema's owner (to apply {first})"
             raise _lacks(names, access, "CREATE", f"schema {names.schema}", owner_runs)
         already = [f"{v:04d}_{n}" for v, n, _ in migrations() if v in done]
         applied = []
