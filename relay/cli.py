@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import click
+import psycopg
 
 from adapters.registry import broker_options, create_publisher
 from relay import logs
@@ -36,6 +37,7 @@ from relay.db import connect
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable
 from relay.migrate import migrate as apply_migrations
+from relay.migrate import pg_message
 from relay.store import store_ordering
 
 BROKER_OPTIONS = broker_options()
@@ -121,7 +123,11 @@ def migrate_cmd(**cli_values: Any) -> None:
         async with conn:
             result = await apply_migrations(conn, names)
             if ordering is not None:
-                await store_ordering(conn, names, ordering)
+                try:
+                    await store_ordering(conn, names, ordering)
+                except psycopg.Error as exc:
+                    why = pg_message(exc)
+                    raise ConfigError(f"cannot store the ordering map of {names.qualified}: {why}") from None
         if result.applied:
             click.echo(f"{names.qualified}: applied {', '.join(result.applied)}")
         else:

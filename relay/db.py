@@ -8,6 +8,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from relay.dbtext import set_up_text
 from relay.dsn import describe_dsn, mask
 from relay.errors import ConfigError, DatabaseUnavailable
 from relay.sqlfiles import migrations
@@ -18,14 +19,25 @@ APPLICATION_NAME = "outbox-relay"
 
 
 async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
-    """One autocommit connection; failures become DatabaseUnavailable naming host and database."""
+    """One autocommit connection; failures become DatabaseUnavailable naming host and database.
+
+    Its text is UTF-8 whatever the database's encoding (:mod:`relay.dbtext`). It serves the
+    operator commands, the wake-up listener, prune and probes, none of which publishes: bytes
+    of a SQL_ASCII database that are not UTF-8 are shown as ``\\xe9`` ("readable").
+    """
     where = describe_dsn(dsn)
     try:
-        return await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, **kwargs)
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, **kwargs)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {_reason(exc)}") from None
     except psycopg.ProgrammingError as exc:  # malformed options inside an otherwise parseable DSN
         raise ConfigError(f"invalid --dsn: {mask(_reason(exc))}") from None
+    try:
+        await set_up_text(conn, "readable")
+    except psycopg.OperationalError as exc:
+        await conn.close()
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {_reason(exc)}") from None
+    return conn
 
 
 def _reason(exc: BaseException) -> str:
@@ -44,9 +56,13 @@ async def configure_session(conn: psycopg.AsyncConnection[Any]) -> None:
     * No JIT: the relay runs short statements over a few thousand rows at most, and their
       cost estimates can still cross jit_above_cost; compiling them took 70 ms of a 1 ms
       ingest in bench_db. No statement of the relay's gains from it.
+    * Text in UTF-8 whatever the database's encoding; in a SQL_ASCII database, bytes that
+      are not UTF-8 are kept exactly, so the store can send their row to dead alone
+      (:mod:`relay.dbtext`).
     """
     await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
     await conn.execute("SET jit = off")
+    await set_up_text(conn, "exact")
 
 
 async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:

@@ -19,6 +19,7 @@ from adapters.base import Publisher
 from relay.breaker import CircuitBreaker
 from relay.config import RelaySettings
 from relay.db import check_schema, connect, open_pool
+from relay.dbtext import SQL_ASCII, server_encoding
 from relay.errors import DatabaseUnavailable
 from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
@@ -104,6 +105,7 @@ async def _prepare(settings: RelaySettings, pool: AsyncConnectionPool[Any], stop
         try:
             async with pool.connection() as conn:
                 await check_schema(conn, settings.names)
+                encoding = server_encoding(conn)
             store = OutboxStore(pool, settings.names, settings.ordering)
             replaced = await store.store_settings(notify=settings.notify)
             break
@@ -114,6 +116,11 @@ async def _prepare(settings: RelaySettings, pool: AsyncConnectionPool[Any], stop
             await sleep_unless_stopped(stop, delay)
             if stop.is_set():
                 return None
+    if encoding == SQL_ASCII:
+        log.warning(
+            "the database's encoding is SQL_ASCII, which stores text unchecked: the relay reads it as UTF-8,"
+            " and a row whose text is not valid UTF-8 goes to dead alone"
+        )
     if replaced is not None:
         log.warning(
             "ordering map changed from %s to %s; rows inserted from now on are routed by the new map",

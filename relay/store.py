@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from relay.dbtext import SQL_ASCII, not_utf8, original_bytes, readable, server_encoding, storable
 from relay.message import Decision, OutboxMessage
 from relay.ordering import OrderingMap
 from relay.sqlfiles import named_queries
@@ -43,11 +44,21 @@ class Reaped:
 
 
 @dataclass(frozen=True)
+class Unreadable:
+    """A claimed row whose text is not UTF-8, which only a SQL_ASCII database lets in (it
+    stores bytes unchecked). It cannot become a message, so it goes to dead alone."""
+
+    message: OutboxMessage  # its text with the offending bytes as \xe9, for logs and metrics
+    reason: str
+
+
+@dataclass(frozen=True)
 class Claim:
     messages: list[OutboxMessage]
     reaped: list[Reaped]
     numbered: int = 0  # ordered rows the ingest numbered in this claim's transaction
     ingest_full: bool = False  # the ingest took a whole turn: more committed rows wait
+    unreadable: list[Unreadable] = field(default_factory=list)  # leased, to be finalized as dead
 
 
 class IngestRaced(Exception):
@@ -114,25 +125,33 @@ class OutboxStore:
         params: dict[str, Any] = {"owner": owner, "lease": lease, "max_attempts": max_attempts}
         strategies = ["claim_ordered", "claim_unordered"] if ordered_first else ["claim_unordered", "claim_ordered"]
         messages: list[OutboxMessage] = []
+        unreadable: list[Unreadable] = []
         reaped: list[Reaped] = []
         numbered, ingest_full = 0, False
         try:
             async with self.pool.connection() as conn, conn.transaction():
                 if housekeeping:
                     cur = await conn.execute(self._sql["reap_expired"], params)
-                    reaped = [Reaped(*row) for row in await cur.fetchall()]
+                    reaped = [_reaped(row) for row in await cur.fetchall()]
                     numbered, ingest_full = await self._ingest(conn)
                 for name in strategies:
-                    remaining = batch - len(messages)
+                    remaining = batch - len(messages) - len(unreadable)
                     if remaining <= 0:
                         break
                     cur = await conn.execute(self._sql[name], {**params, "batch": remaining})
-                    messages.extend(_message(row) for row in await cur.fetchall())
+                    for row in await cur.fetchall():
+                        message = _message(row)
+                        if isinstance(message, Unreadable):
+                            unreadable.append(message)
+                        else:
+                            messages.append(message)
         except IngestRaced as exc:
             log.warning("%s; nothing was claimed or numbered this time, the next claim tries again", exc)
             return Claim(messages=[], reaped=[])
         messages.sort(key=lambda m: m.id)  # RETURNING order is not guaranteed
-        return Claim(messages=messages, reaped=reaped, numbered=numbered, ingest_full=ingest_full)
+        return Claim(
+            messages=messages, reaped=reaped, numbered=numbered, ingest_full=ingest_full, unreadable=unreadable
+        )
 
     async def _ingest(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, bool]:
         """Number what has committed, if no other relay is numbering right now. Two
@@ -163,15 +182,18 @@ class OutboxStore:
         """
         if not decisions:
             return set()
-        params = {
-            "ids": [d.message.id for d in decisions],
-            "versions": [d.message.lease_version for d in decisions],
-            "statuses": [d.status for d in decisions],
-            "delays": [d.delay_s for d in decisions],
-            "errors": [d.error for d in decisions],
-            "refunds": [1 if d.refund else 0 for d in decisions],
-        }
         async with self.pool.connection() as conn, conn.transaction():
+            # An error that the database's encoding cannot hold (a LATIN1 table and a "…")
+            # must not fail the write of a whole batch's outcomes.
+            encoding = server_encoding(conn)
+            params = {
+                "ids": [d.message.id for d in decisions],
+                "versions": [d.message.lease_version for d in decisions],
+                "statuses": [d.status for d in decisions],
+                "delays": [d.delay_s for d in decisions],
+                "errors": [None if d.error is None else storable(d.error, encoding) for d in decisions],
+                "refunds": [1 if d.refund else 0 for d in decisions],
+            }
             # Not prepared: a generic plan cannot see how many ids the arrays hold and
             # may join them to the table by a scan; a fresh plan per batch is cheaper.
             cur = await conn.execute(self._sql["finalize"], params, prepare=False)
@@ -179,17 +201,41 @@ class OutboxStore:
         return {d.message.id for d in decisions} - written
 
 
-def _message(row: Sequence[Any]) -> OutboxMessage:
-    """A claimed row (the claims' RETURNING list) as the message a publisher gets."""
-    return OutboxMessage(
+def _reaped(row: Sequence[Any]) -> Reaped:
+    # Only logged and counted: text that is not UTF-8 (SQL_ASCII) is shown escaped, so a
+    # metrics label or a log line can always be written out.
+    outbox_id, aggregate_id, event_type, *rest = row
+    return Reaped(outbox_id, readable(aggregate_id), readable(event_type), *rest)
+
+
+_TEXT_COLUMNS = ("aggregate_type", "aggregate_id", "event_type", "payload")
+
+
+def _message(row: Sequence[Any]) -> OutboxMessage | Unreadable:
+    """A claimed row (the claims' RETURNING list) as the message a publisher gets, or as
+    an Unreadable one if its text holds bytes that are not UTF-8 (SQL_ASCII only)."""
+    problem = next(
+        ((column, where) for column, value in zip(_TEXT_COLUMNS, row[1:5], strict=True) if (where := not_utf8(value))),
+        None,
+    )
+    texts = row[1:5] if problem is None else [readable(value) for value in row[1:5]]
+    message = OutboxMessage(
         id=row[0],
-        aggregate_type=row[1],
-        aggregate_id=row[2],
-        event_type=row[3],
-        body=row[4].encode(),
+        aggregate_type=texts[0],
+        aggregate_id=texts[1],
+        event_type=texts[2],
+        body=row[4].encode() if problem is None else original_bytes(row[4]),
         attempt=row[5],
         lease_version=row[6],
         age_s=row[7],
         ordered=row[8],
         aggregate_seq=row[9],
+    )
+    if problem is None:
+        return message
+    column, where = problem
+    return Unreadable(
+        message,
+        f"{column} is not valid UTF-8 ({where}); the database's encoding is {SQL_ASCII}, which stores"
+        " text unchecked, and the relay publishes UTF-8 only: correct the row, then `relay dead retry` it",
     )

@@ -192,15 +192,23 @@ class Worker:
             raise
         self.metrics.observe_claim(time.monotonic() - started)
         self._ordered_first = not self._ordered_first
-        self._saturated = len(claim.messages) >= batch_size
+        leased = len(claim.messages) + len(claim.unreadable)
+        self._saturated = leased >= batch_size
         if housekeeping:
             self._ingest_behind = claim.ingest_full
         self._report_reaped(claim.reaped)
+        if claim.unreadable:
+            # Rows that cannot become messages go to dead before the rest are published;
+            # only they are lost to the broker, not the batch they came in.
+            self.stats.claimed += len(claim.unreadable)
+            for u in claim.unreadable:
+                self.metrics.failure(u.message.event_type, "permanent")
+            await self._finalize([Decision.dead(u.message, u.reason) for u in claim.unreadable])
         messages = claim.messages
         if not messages:
             if probe:  # nothing to probe with; try again after the next backoff
                 self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
-            return 0
+            return leased
         self.stats.claimed += len(messages)
         try:
             outcomes = await self._publish(messages, started)
@@ -230,7 +238,7 @@ class Worker:
         # Shielded: once the broker has the messages, a cancellation (shutdown) must not
         # lose the write that records it.
         await asyncio.shield(self._finalize(decisions))
-        return len(messages)
+        return leased
 
     def _report_reaped(self, reaped: Sequence[Reaped]) -> None:
         for row in reaped:
