@@ -32,9 +32,10 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scripts.reference_schema import REFERENCE_DDL
+
 from relay.migrate import migrate
 from relay.sqlnames import OutboxNames
-from scripts.reference_schema import REFERENCE_DDL
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bench_producer"
@@ -47,7 +48,7 @@ VALUES ('order', 'order-' || :a, 'OrderPaid',
         '{{"order_id": 42, "amount": "19.90", "currency": "EUR", "note": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}');
 """
 
-VARIANTS = ("plain table", "relay schema, wake-ups on (default)", "relay schema, --no-notify")
+VARIANTS = ("plain table", "relay schema, wake-ups on (default)", "relay schema, wake-ups off")
 
 
 def setup(dsn: str, variant: str) -> str:
