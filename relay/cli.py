@@ -38,7 +38,7 @@ from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable
 from relay.migrate import migrate as apply_migrations
 from relay.migrate import pg_message
-from relay.store import store_ordering
+from relay.shared_settings import SHARED_OPTIONS, SettingsUpdate, given_settings, render_change, update_settings
 
 BROKER_OPTIONS = broker_options()
 ALL_OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
@@ -99,9 +99,9 @@ def cli() -> None:
     """outbox-relay: delivers transactional-outbox rows from PostgreSQL to a broker."""
 
 
-# For migrate, the ordering options default to "not given": only a map someone asked for
-# replaces the stored one.
-MIGRATE_OPTIONS = (*CORE_OPTIONS, *(replace(o, default=None) for o in ORDERING_OPTIONS), *LOG_OPTIONS)
+# For migrate, the shared settings' options default to "not given": only a map (or a
+# notify) someone asked for replaces the stored one.
+MIGRATE_OPTIONS = (*CORE_OPTIONS, *(replace(o, default=None) for o in SHARED_OPTIONS), *LOG_OPTIONS)
 
 
 @cli.command("migrate")
@@ -110,30 +110,37 @@ def migrate_cmd(**cli_values: Any) -> None:
     """Create or upgrade the outbox table (idempotent; safe to run concurrently).
 
     With --ordering-default/--ordered/--unordered (or an [ordering] table in --config), also
-    store that ordering map, so rows written before the first `relay start` are routed by it.
+    store that ordering map, so rows are routed by it from then on; with --notify/--no-notify,
+    store whether producers' inserts wake the relays. Both are shared by every relay of the
+    outbox (`relay settings show`); without these options the stored settings stay as they are.
     """
     values = settings_for(MIGRATE_OPTIONS, cli_values)
     logs.configure(values["log_level"], values["log_format"])
     dsn, names = require_dsn(values), names_from(values)
     given = any(values[o.dest] not in (None, ()) for o in ORDERING_OPTIONS)
     ordering = ordering_from(values) if given else None
+    if ordering is not None:
+        update: SettingsUpdate | None = SettingsUpdate.whole_map(ordering, notify=values["notify"])
+    else:
+        update = SettingsUpdate(notify=values["notify"]) if values["notify"] is not None else None
 
     async def run() -> None:
         conn = await connect(dsn)
         async with conn:
             result = await apply_migrations(conn, names)
-            if ordering is not None:
-                try:
-                    await store_ordering(conn, names, ordering)
-                except psycopg.Error as exc:
-                    why = pg_message(exc)
-                    raise ConfigError(f"cannot store the ordering map of {names.qualified}: {why}") from None
+            try:
+                change = await update_settings(conn, names, update) if update is not None else None
+            except psycopg.Error as exc:
+                why = pg_message(exc)
+                raise ConfigError(f"cannot store the shared settings of {names.qualified}: {why}") from None
         if result.applied:
             click.echo(f"{names.qualified}: applied {', '.join(result.applied)}")
         else:
             click.echo(f"{names.qualified}: up to date ({len(result.already)} migrations applied earlier)")
         if ordering is not None:
             click.echo(f"{names.qualified}: ordering map stored: {ordering.describe()}")
+        if change is not None:
+            click.echo(render_change(change, names))
 
     asyncio.run(run())
 
@@ -147,9 +154,13 @@ def start_cmd(**cli_values: Any) -> None:
     """Deliver outbox rows to the broker until SIGINT or SIGTERM."""
     from relay.runner import Operations, run_relay
 
+    config_path = cli_values.get("config_path")
     values = settings_for(START_ALL, cli_values)
     logs.configure(values["log_level"], values["log_format"])
     settings = RelaySettings.from_values(values)
+    # The shared settings this process was told explicitly: compared with the stored ones
+    # at start, never written (`relay settings set` changes those).
+    given = given_settings(values, cli_values, load_file(config_path), os.environ)
     publisher = create_publisher(settings.broker, values)
 
     async def run() -> None:
@@ -166,16 +177,19 @@ def start_cmd(**cli_values: Any) -> None:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
-        await run_relay(settings, publisher, stop, operate=Operations.from_values(values))
+        await run_relay(settings, publisher, stop, operate=Operations.from_values(values), given=given)
 
     asyncio.run(run())
 
 
-# The operator commands (status, explain, dead, prune) live in their own module, which
-# imports this one: registered here, after the commands they sit beside.
+# The operator commands (status, explain, dead, prune, release) and `relay settings` live
+# in their own modules, which import this one: registered here, after the commands they
+# sit beside.
 from relay.cli_ops import register as _register_ops  # noqa: E402
+from relay.cli_settings import register as _register_settings  # noqa: E402
 
 _register_ops(cli)
+_register_settings(cli)
 
 
 def _terminate_before_start(signum: int, frame: object) -> None:

@@ -1,4 +1,4 @@
-"""Operator commands of the ``relay`` CLI: status, explain, dead list|retry|skip, prune.
+"""Operator commands of the ``relay`` CLI: status, explain, dead list|retry|skip, release, prune.
 
 Each takes ``--dsn``, ``--schema``, ``--table``, ``--config``, ``--log-level`` and
 ``--log-format`` the way `relay migrate` does. Bad input (an unknown or not-dead id, a
@@ -24,7 +24,7 @@ import click
 import psycopg
 
 from relay import logs
-from relay.config import CORE_OPTIONS, LOG_OPTIONS, names_from, require_dsn
+from relay.config import CORE_OPTIONS, LOG_OPTIONS, START_OPTIONS, names_from, require_dsn
 from relay.db import check_schema, connect
 from relay.deadletters import (
     DeadFilter,
@@ -46,11 +46,16 @@ from relay.explain import explain
 from relay.explain import render_text as render_explanation
 from relay.prune import DEFAULT_BATCH, prune
 from relay.prune import render_text as render_prune
+from relay.release import parse_ids, release
+from relay.release import render_text as render_release
 from relay.sqlnames import OutboxNames
 from relay.status import Conn, jsonable, read_status, to_json
 from relay.status import render_text as render_status
 
 OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)
+# A release judges spent attempts as the relays' reaper does: by their --max-attempts
+# (same flag, variable and config key, so `--config relay.toml` gives the fleet's value).
+RELEASE_OPTIONS = (*OPS_OPTIONS, *(o for o in START_OPTIONS if o.dest == "max_attempts"))
 CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, erase the screen: --watch redraws in place
 _GROUP_KEY = re.compile(r"[0-9a-f]{8}")
 _ID = re.compile(r"[0-9]{1,19}")
@@ -268,6 +273,55 @@ def register(cli: click.Group) -> None:
             if as_json:
                 return json.dumps({**jsonable(result), "older_than": age.total_seconds(), "deleted": result.deleted})
             return render_prune(result, names)
+
+        click.echo(_run(lambda: _with_conn(dsn, names, body)))
+
+    @cli.command("release")
+    @with_options(RELEASE_OPTIONS)
+    @click.option(
+        "--owner",
+        default=None,
+        metavar="OWNER",
+        help="Lease owner (host:pid:worker), or a host or host:pid for all its workers.",
+    )
+    @click.option("--ids", "id_lists", multiple=True, metavar="1,2,3", help="Outbox ids (comma-separated, repeatable).")
+    @click.option("--yes", is_flag=True, help="Release them; without it, only show what would be released.")
+    @click.option(
+        "--by", default=None, metavar="WHO", help="Who is acting, recorded with the messages (default: user@host)."
+    )
+    @click.option("--reason", default=None, metavar="TEXT", help="Why, recorded with the messages (optional).")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+    def release_cmd(
+        owner: str | None,
+        id_lists: tuple[str, ...],
+        yes: bool,
+        by: str | None,
+        reason: str | None,
+        as_json: bool,
+        **cli_values: Any,
+    ) -> None:
+        """Hand back the leases of a worker that is gone (a crashed host), before they expire:
+        its processing rows go back to pending (dead if their attempts are spent, as when a
+        lease expires), lease_version + 1 so its late finalize writes nothing. Without --yes,
+        only shows what it would release."""
+        if owner is not None and not owner.strip():
+            raise ConfigError("invalid --owner: must not be empty")
+        ids = parse_ids(id_lists)
+        if owner is None and not ids:
+            raise click.UsageError(
+                "say whose leases to release: --owner OWNER or --ids 1,2,3 (`relay status` counts them)"
+            )
+        values = settings_for(RELEASE_OPTIONS, cli_values)
+        logs.configure(values["log_level"], values["log_format"])
+        dsn, names = require_dsn(values), names_from(values)
+        who = by or default_operator()
+
+        async def body(conn: Conn) -> str:
+            result = await release(
+                conn, names, owner=owner, ids=ids, by=who, note=reason,
+                max_attempts=values["max_attempts"], dry_run=not yes,
+            )  # fmt: skip
+            return json.dumps(jsonable(result), indent=2) if as_json else render_release(result, names)
 
         click.echo(_run(lambda: _with_conn(dsn, names, body)))
 

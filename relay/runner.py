@@ -21,6 +21,7 @@ from relay.config import RelaySettings
 from relay.db import check_schema, connect, open_pool
 from relay.dbtext import SQL_ASCII, server_encoding
 from relay.errors import DatabaseUnavailable
+from relay.shared_settings import Given, SharedSettings, disagreements, read_settings
 from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
 from relay.wakeup import listen
@@ -71,8 +72,14 @@ async def run_relay(
     stop: asyncio.Event,
     *,
     operate: Operations | None = None,
+    given: Sequence[Given] = (),
 ) -> RunResult:
     """Dispatch with ``settings.workers`` workers until ``stop`` is set.
+
+    The shared settings (ordering map, wake-ups) are read from the database, never written:
+    ``given`` are the ones this process's configuration named explicitly, and each that
+    disagrees with the stored value is logged as a warning. ``settings.notify`` off means
+    this process does not LISTEN; it cannot turn off the producers' NOTIFY.
 
     On stop, workers finish the batch in hand; whatever is still publishing after
     ``settings.shutdown_grace`` is cancelled, and its rows are handed back without
@@ -84,20 +91,24 @@ async def run_relay(
     try:
         for warning in settings.warnings:
             log.warning("%s", warning)
-        store = await _prepare(settings, pool, stop)
-        if store is None:  # stopped while the database was still refusing us
+        stored = await _prepare(settings, pool, stop)
+        if stored is None:  # stopped while the database was still refusing us
             return RunResult(stats=[])
+        for line in disagreements(stored, given, settings.names):
+            log.warning("%s", line)
         await publisher.start()
         try:
-            return await _run(settings, operate, publisher, store, pool, stop)
+            return await _run(settings, operate, publisher, OutboxStore(pool, settings.names), stored, pool, stop)
         finally:
             await publisher.close()
     finally:
         await pool.close()
 
 
-async def _prepare(settings: RelaySettings, pool: AsyncConnectionPool[Any], stop: asyncio.Event) -> OutboxStore | None:
-    """Check the schema and store this relay's settings. A database that answered the first
+async def _prepare(
+    settings: RelaySettings, pool: AsyncConnectionPool[Any], stop: asyncio.Event
+) -> SharedSettings | None:
+    """Check the schema and read the shared settings. A database that answered the first
     connection but then drops sessions (a failover, pg_terminate_backend) is waited for,
     with the workers' backoff, until it lets us through or we are told to stop."""
     failures = 0
@@ -106,8 +117,7 @@ async def _prepare(settings: RelaySettings, pool: AsyncConnectionPool[Any], stop
             async with pool.connection() as conn:
                 await check_schema(conn, settings.names)
                 encoding = server_encoding(conn)
-            store = OutboxStore(pool, settings.names, settings.ordering)
-            replaced = await store.store_settings(notify=settings.notify)
+                stored = await read_settings(conn, settings.names)
             break
         except psycopg.OperationalError as exc:  # PoolTimeout is one too
             failures += 1
@@ -121,13 +131,7 @@ async def _prepare(settings: RelaySettings, pool: AsyncConnectionPool[Any], stop
             "the database's encoding is SQL_ASCII, which stores text unchecked: the relay reads it as UTF-8,"
             " and a row whose text is not valid UTF-8 goes to dead alone"
         )
-    if replaced is not None:
-        log.warning(
-            "ordering map changed from %s to %s; rows inserted from now on are routed by the new map",
-            replaced.describe(),
-            settings.ordering.describe(),
-        )
-    return store
+    return stored
 
 
 async def _run(
@@ -135,6 +139,7 @@ async def _run(
     operate: Operations,
     publisher: Publisher,
     store: OutboxStore,
+    stored: SharedSettings,
     pool: AsyncConnectionPool[Any],
     stop: asyncio.Event,
 ) -> RunResult:
@@ -177,7 +182,10 @@ async def _run(
             )
         )
     # After the metrics server: a port that cannot be bound is refused before anything runs.
-    if settings.notify:
+    # Listening is pointless while the producers' trigger sends nothing (stored notify off),
+    # and this process may be told not to (behind a transaction-mode pooler).
+    listening = stored.notify and settings.notify
+    if listening:
         background.append(asyncio.create_task(listen(settings.dsn, settings.names, [w.wakeup for w in workers], stop)))
     if operate.prune_older_than is not None:
         older_than = operate.prune_older_than
@@ -192,11 +200,12 @@ async def _run(
             )
         )
     log.info(
-        "relay started: %d workers, broker %s, outbox %s, ordering %s",
+        "relay started: %d workers, broker %s, outbox %s, ordering %s (stored), wake-ups %s",
         len(workers),
         publisher.name,
         settings.names.qualified,
-        settings.ordering.describe(),
+        stored.ordering.describe(),
+        "on" if listening else f"off (polling every {settings.worker.poll_interval.total_seconds():g}s)",
     )
     try:
         await _supervise([asyncio.create_task(w.run(stop)) for w in workers], stop, settings.shutdown_grace)

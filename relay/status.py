@@ -22,6 +22,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from relay.durations import format_duration
+from relay.shared_settings import SharedSettings, read_settings
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 
@@ -85,6 +86,7 @@ class Status:
     summary: StatusSummary
     attempts: Mapping[int, int]  # attempts used so far -> messages awaiting delivery
     by_event_type: tuple[EventTypeStatus, ...] | None  # None unless asked for
+    settings: SharedSettings | None = None  # the stored ordering map and notify
 
 
 def _age(now: datetime, then: datetime | None) -> float | None:
@@ -127,7 +129,8 @@ async def read_status(conn: Conn, names: OutboxNames, *, by_event_type: bool = F
     if by_event_type:
         cur = await conn.execute(ops_query(names, "status_by_event_type"))
         breakdown = _by_event_type(summary.at, await cur.fetchall())
-    return Status(summary=summary, attempts=attempts, by_event_type=breakdown)
+    settings = await read_settings(conn, names)
+    return Status(summary=summary, attempts=attempts, by_event_type=breakdown, settings=settings)
 
 
 def _by_event_type(now: datetime, rows: Sequence[tuple[Any, ...]]) -> tuple[EventTypeStatus, ...]:
@@ -183,6 +186,7 @@ def to_json(status: Status) -> dict[str, Any]:
     out["summary"]["awaiting"] = status.summary.awaiting
     if status.by_event_type is None:
         del out["by_event_type"]
+    out["settings"] = status.settings.to_json() if status.settings else None
     return out
 
 
@@ -232,6 +236,15 @@ def render_text(status: Status, names: OutboxNames, where: str) -> str:
     for label, n in histogram:
         bar = "#" * (round(30 * n / widest) if widest else 0)
         lines.append(f"    {label:>5}  {n:>10,}  {bar}".rstrip())
+    if status.settings is not None:
+        o = status.settings.ordering
+        lines += [
+            "",
+            "  shared settings (`relay settings show`, changed by `relay settings set`)",
+            f"    ordering  default {status.settings.value('ordering_default')}, ordered {list(o.ordered)},"
+            f" unordered {list(o.unordered)}",
+            f"    notify    {'true' if status.settings.notify else 'false (producers send no wake-ups; relays poll)'}",
+        ]
     if status.by_event_type is not None:
         lines += ["", _event_type_table(status.by_event_type)]
     return "\n".join(lines)

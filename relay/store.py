@@ -18,7 +18,6 @@ from psycopg_pool import AsyncConnectionPool
 
 from relay.dbtext import SQL_ASCII, not_utf8, original_bytes, readable, server_encoding, storable
 from relay.message import Decision, OutboxMessage
-from relay.ordering import OrderingMap
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 
@@ -66,39 +65,14 @@ class IngestRaced(Exception):
     by hand at that moment). Its transaction is rolled back, so no number is lost."""
 
 
-async def store_ordering(conn: psycopg.AsyncConnection[Any], names: OutboxNames, ordering: OrderingMap) -> None:
-    """Store ``ordering`` as the map inserts are routed by (what `relay migrate --ordered`
-    does before any relay has started)."""
-    await conn.execute(names.render(named_queries()["store_ordering"]), ordering.sql_params())
-
-
 class OutboxStore:
     """Claims and finalizes rows of one outbox table."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], names: OutboxNames, ordering: OrderingMap) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], names: OutboxNames) -> None:
         self.pool = pool
         self.names = names
-        self.ordering = ordering
         # Render every statement once: identifiers are fixed for the life of the store.
         self._sql = {name: names.render(text) for name, text in named_queries().items()}
-
-    async def store_settings(self, *, notify: bool = True) -> OrderingMap | None:
-        """Write this relay's ordering map to the database, which routes each row by it
-        when the row is inserted. Returns the map it replaced when that was different."""
-        params = {**self.ordering.sql_params(), "notify": notify}
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql["store_settings"], params)
-            row = await cur.fetchone()
-        if row is None:
-            raise RuntimeError(f"{self.names.qualified}_settings has no row: run `relay migrate`")
-        previous = {
-            k: row[i]
-            for i, k in enumerate(("ord_default", "ord_names", "unord_names", "ord_patterns", "unord_patterns"))
-        }
-        mine = self.ordering.sql_params()
-        if all(previous[k] == mine[k] for k in previous):
-            return None
-        return OrderingMap.from_sql_params(previous)
 
     def query(self, name: str) -> psycopg.sql.Composed:
         return self._sql[name]

@@ -3,7 +3,8 @@ process LISTENs and wakes its idle workers. Polling stays as the safety net, so 
 notification or a dropped listener only costs latency, never a message.
 
 LISTEN needs a session of its own, which PgBouncer's transaction mode cannot give: turn
-wake-ups off there (``--no-notify``) and rely on ``--poll-interval``.
+wake-ups off there (``relay settings set --no-notify`` for the whole outbox, or
+``relay start --no-notify`` for one process) and rely on ``--poll-interval``.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from relay.message import OutboxMessage
 from relay.migrate import migrate
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
+from relay.shared_settings import SettingsUpdate, store_ordering, update_settings
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.worker import Worker, WorkerConfig
@@ -109,10 +110,7 @@ def reset(dsn: str, ordering: OrderingMap) -> None:
     async def prepare() -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
             await migrate(aconn, OutboxNames(RELAY_SCHEMA))
-        from psycopg_pool import AsyncConnectionPool
-
-        async with AsyncConnectionPool(dsn, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool:
-            await OutboxStore(pool, OutboxNames(RELAY_SCHEMA), ordering).store_settings(notify=False)
+            await store_ordering(aconn, OutboxNames(RELAY_SCHEMA), ordering, notify=False)
 
     asyncio.run(prepare())
 
@@ -160,11 +158,11 @@ class NoopPublisher:
         return [None] * len(batch)
 
 
-async def drain_relay(dsn: str, total: int, workers: int, batch: int, ordering: OrderingMap) -> float:
+async def drain_relay(dsn: str, total: int, workers: int, batch: int) -> float:
     publisher = NoopPublisher()
     pool = await open_pool(dsn, size=workers)  # the pool `relay start` uses
     async with pool:
-        store = OutboxStore(pool, OutboxNames(RELAY_SCHEMA), ordering)
+        store = OutboxStore(pool, OutboxNames(RELAY_SCHEMA))
         config = WorkerConfig(batch_size=batch, lease=LEASE)
         ws = [Worker(store=store, publisher=publisher, owner=f"bench:{i}", config=config) for i in range(workers)]
 
@@ -222,7 +220,7 @@ def drain_scenario(
     if history:
         fill(dsn, rows=history, aggregates=aggregates * 10, status="done")
     fill(dsn, rows=messages, aggregates=aggregates)
-    relay_s = asyncio.run(drain_relay(dsn, messages, workers, batch, ordering))
+    relay_s = asyncio.run(drain_relay(dsn, messages, workers, batch))
     base_s = asyncio.run(drain_baseline(dsn, messages, workers, batch, ordered))
     for schema in (RELAY_SCHEMA, BASE_SCHEMA):
         done = count_done(dsn, schema) - history
@@ -422,6 +420,10 @@ async def insert_to_publish(dsn: str, *, notify: bool, rate: float, seconds: flo
         ordering_default="ordered",
     )
     settings = RelaySettings.from_values(values)
+    # Wake-ups are a shared setting (the producers' trigger reads it): stored for this run,
+    # and the relay's own notify says whether it LISTENs.
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await update_settings(conn, OutboxNames(RELAY_SCHEMA), SettingsUpdate(notify=notify))
     stop = asyncio.Event()
     task = asyncio.create_task(run_relay(settings, publisher, stop))
     await asyncio.sleep(1.0)

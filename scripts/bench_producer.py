@@ -47,7 +47,7 @@ VALUES ('order', 'order-' || :a, 'OrderPaid',
         '{{"order_id": 42, "amount": "19.90", "currency": "EUR", "note": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}');
 """
 
-VARIANTS = ("plain table", "relay schema, wake-ups on (default)", "relay schema, --no-notify")
+VARIANTS = ("plain table", "relay schema, wake-ups on (default)", "relay schema, wake-ups off")
 
 
 def setup(dsn: str, variant: str) -> str:

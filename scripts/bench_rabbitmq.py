@@ -49,7 +49,6 @@ import aio_pika.abc
 import aiormq
 import psycopg
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -59,8 +58,8 @@ from adapters.rabbitmq.publisher import RabbitPublisher
 from adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
+from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -251,8 +250,8 @@ async def seed_outbox(dsn: str, names: OutboxNames, events: list[Event], orderin
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.schema)))
     migrate = [*relay_bin(), "migrate", "--dsn", dsn, "--schema", names.schema]
     await asyncio.to_thread(subprocess.run, migrate, check=True, capture_output=True)
-    async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False, kwargs={"autocommit": True}) as pool:
-        await OutboxStore(pool, names, ordering).store_settings()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await store_ordering(conn, names, ordering)
     with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
         table = sql.Identifier(names.schema, names.table)
         copy = sql.SQL("COPY {} (aggregate_type, aggregate_id, event_type, payload) FROM STDIN").format(table)

@@ -55,7 +55,6 @@ import boto3
 import psycopg
 from botocore.config import Config
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -64,8 +63,8 @@ from adapters.sqs.entries import Entry, prepare
 from adapters.sqs.settings import concurrency_for
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
+from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bench_sqs"
@@ -291,8 +290,8 @@ def seed_outbox(dsn: str, events: list[tuple[str, str, dict[str, Any]]], orderin
 
 
 async def _store_ordering(dsn: str, ordering: OrderingMap) -> None:
-    async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False, kwargs={"autocommit": True}) as pool:
-        await OutboxStore(pool, OutboxNames(schema=SCHEMA, table="outbox"), ordering).store_settings()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await store_ordering(conn, OutboxNames(schema=SCHEMA, table="outbox"), ordering)
 
 
 def relay_bin() -> list[str]:

@@ -5,7 +5,8 @@
     .venv/bin/python scripts/demo.py --crash      # SIGKILL the relay mid-drain, start another
     .venv/bin/python scripts/demo.py --endpoint-url http://127.0.0.1:4566   # an SQS you run
 
-1. migrates a fresh ``relay_demo`` schema in PostgreSQL (``--dsn`` / ``RELAY_DSN``);
+1. migrates a fresh ``relay_demo`` schema in PostgreSQL (``--dsn`` / ``RELAY_DSN``) and
+   stores its ordering map (``Order*`` ordered, the rest not), shared by every relay;
 2. starts an embedded SQS (moto's ThreadedMotoServer on a free 127.0.0.1 port) unless
    ``--endpoint-url`` is given, and creates a FIFO queue;
 3. runs ``relay start --broker sqs`` as a subprocess with several workers, and concurrent
@@ -53,6 +54,7 @@ SCHEMA = "relay_demo"
 QUEUE = "relay-demo-orders.fifo"
 ORDERED = "Order*"  # the order's own events, in sequence; notifications may overtake them
 ORDERING = OrderingMap(default_ordered=False, ordered=(ORDERED,))
+ORDERING_FLAGS = ("--ordering-default", "unordered", "--ordered", ORDERED)  # the same map, for relay migrate
 DEADLINE_S = 45  # the whole drain; the demo promises to end within a minute
 FAKE_AWS = {
     "AWS_ACCESS_KEY_ID": "demo",
@@ -107,7 +109,9 @@ def migrate(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
     done = subprocess.run(
-        [*relay_bin(), "migrate", "--dsn", dsn, "--schema", SCHEMA],
+        # The ordering map is shared by every relay of the outbox, and routes each row when
+        # it is inserted: stored once here, before any producer writes; relay start only reads it.
+        [*relay_bin(), "migrate", "--dsn", dsn, "--schema", SCHEMA, *ORDERING_FLAGS],
         capture_output=True,
         text=True,
         check=True,
@@ -408,7 +412,7 @@ def run(args: argparse.Namespace, endpoint: str, url: str, aws_env: dict[str, st
     command = [
         *relay_bin(), "start", "--dsn", args.dsn, "--schema", SCHEMA,
         "--broker", "sqs", "--queue-url", url, "--endpoint-url", endpoint, "--region", args.region,
-        "--workers", str(args.workers), "--ordering-default", "unordered", "--ordered", ORDERED,
+        "--workers", str(args.workers),
     ]  # fmt: skip
     if args.crash:
         # A killed relay's leases must run out before another relay may take its rows:
@@ -421,8 +425,6 @@ def run(args: argparse.Namespace, endpoint: str, url: str, aws_env: dict[str, st
     relay = Relay(command, relay_env(aws_env), log_path)
     relay.start()
     try:
-        # The relay stores its ordering map, which routes rows as they are inserted:
-        # wait for it before the producers write.
         if not relay.started() or relay.exit_code() is not None:
             verdict.problems = (f"the relay did not start (exit code {relay.exit_code()})",)
             return finish(verdict, log_path)

@@ -1,4 +1,4 @@
--- The operator tools' statements (relay status, explain, dead, prune, and the metrics'
+-- The operator tools' statements (relay status, explain, dead, release, prune, and the metrics'
 -- gauges and readiness probe), one per `-- name --` header with a one-line description,
 -- loaded beside queries.sql by relay.sqlfiles. Placeholders as in queries.sql; values are
 -- always bound parameters.
@@ -200,6 +200,55 @@ UPDATE {outbox}
  WHERE id = ANY (%(ids)s::bigint[])
    AND status = 'dead'
 RETURNING id, aggregate_id, event_type, lease_version, ordered;
+
+-- release_by_owner --
+-- The processing rows an owner holds (lease_owner exactly OWNER, or OWNER:... for every worker of a host or process), locked in id order, for relay release.
+SELECT now() AS now, id, status, aggregate_id, event_type, lease_owner, lease_version, lease_until, attempts,
+       ordered, aggregate_seq
+  FROM {outbox}
+ WHERE status = 'processing'
+   AND (lease_owner = %(owner)s OR starts_with(lease_owner, %(owner)s || ':'))
+ ORDER BY id
+   FOR UPDATE;
+
+-- release_by_ids --
+-- The given rows whatever their status, locked in id order, so relay release can report those it will not touch (unknown, not processing, another owner's).
+SELECT now() AS now, id, status, aggregate_id, event_type, lease_owner, lease_version, lease_until, attempts,
+       ordered, aggregate_seq
+  FROM {outbox}
+ WHERE id = ANY (%(ids)s::bigint[])
+ ORDER BY id
+   FOR UPDATE;
+
+-- release_holders --
+-- Who holds leases now, with how many rows, for the error of a relay release --owner that matches nothing.
+SELECT lease_owner, count(*) AS n
+  FROM {outbox}
+ WHERE status = 'processing'
+ GROUP BY lease_owner
+ ORDER BY count(*) DESC, lease_owner
+ LIMIT 10;
+
+-- release --
+-- Hand leased rows back the way the reaper hands back an expired lease (to 'pending', or to 'dead' once every attempt is spent; no attempt refunded), fenced by status = 'processing' and the lease_version read under the lock, which goes up by one so the old owner's late finalize matches nothing; the heads trigger makes a released ordered head claimable again.
+UPDATE {outbox} AS o
+   SET status        = CASE WHEN o.attempts >= %(max_attempts)s THEN 'dead' ELSE 'pending' END,
+       last_error    = CASE WHEN o.attempts >= %(max_attempts)s
+                            THEN 'lease released by an operator after ' || o.attempts
+                                 || ' attempts (held by ' || o.lease_owner || ')'
+                            ELSE o.last_error END,
+       lease_owner   = NULL,
+       lease_until   = NULL,
+       lease_version = o.lease_version + 1,
+       resolution    = 'released',
+       resolved_by   = %(by)s,
+       resolved_at   = now(),
+       resolved_note = %(note)s
+  FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS r(id, version)
+ WHERE o.id = r.id
+   AND o.status = 'processing'
+   AND o.lease_version = r.version
+RETURNING o.id, o.status, o.lease_version;
 
 -- prune_cutoff --
 -- The prune cutoff by the database clock, fixed once per run so every chunk applies the same one.

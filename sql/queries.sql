@@ -1,7 +1,8 @@
 -- Every statement the relay runs, one per `-- name --` header, with a one-line
--- description under it. relay.queries parses this file once; relay.store is the only
--- module that names these queries. Identifiers are filled in by relay.sqlnames
--- (see migrations/0001_outbox.sql); values are always bound parameters.
+-- description under it. relay.sqlfiles parses this file once; relay.store is the only
+-- module that names these queries (relay.shared_settings the settings_* ones).
+-- Identifiers are filled in by relay.sqlnames (see migrations/0001_outbox.sql); values
+-- are always bound parameters.
 --
 -- All times come from the database clock (now()), so clock skew between relay hosts
 -- cannot distort lease decisions.
@@ -188,11 +189,19 @@ RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text 
           o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
           true AS ordered, o.aggregate_seq;
 
--- store_settings --
--- Store this relay's ordering map and wake-up setting (rows are routed by the map when inserted); returns the previous map.
-WITH previous AS (
-    SELECT ord_default, ord_names, unord_names, ord_patterns, unord_patterns, notify FROM {q_settings}
-)
+-- settings_read --
+-- The outbox's shared settings (ordering map, wake-ups), which relay start runs by and relay status and relay settings show print.
+SELECT ord_default, ord_names, unord_names, ord_patterns, unord_patterns, notify, updated_at
+  FROM {q_settings};
+
+-- settings_lock --
+-- The shared settings, locked until the transaction ends: relay settings set and relay migrate read, change and write them under this lock, so two of them cannot lose each other's change.
+SELECT ord_default, ord_names, unord_names, ord_patterns, unord_patterns, notify, updated_at
+  FROM {q_settings}
+   FOR UPDATE;
+
+-- settings_write --
+-- Store the shared settings (relay migrate with ordering or notify options, relay settings set; relay start never does): rows are routed by the map when inserted, and the insert trigger notifies only while notify is true.
 UPDATE {q_settings}
    SET ord_default    = %(ord_default)s,
        ord_names      = %(ord_names)s,
@@ -201,19 +210,7 @@ UPDATE {q_settings}
        unord_patterns = %(unord_patterns)s,
        notify         = %(notify)s,
        updated_at     = now()
-  FROM previous
-RETURNING previous.ord_default, previous.ord_names, previous.unord_names, previous.ord_patterns,
-          previous.unord_patterns, previous.notify;
-
--- store_ordering --
--- Store an ordering map alone (relay migrate --ordered ...), so rows written before the first relay start are routed by it.
-UPDATE {q_settings}
-   SET ord_default    = %(ord_default)s,
-       ord_names      = %(ord_names)s,
-       unord_names    = %(unord_names)s,
-       ord_patterns   = %(ord_patterns)s,
-       unord_patterns = %(unord_patterns)s,
-       updated_at     = now();
+RETURNING updated_at;
 
 -- finalize --
 -- Write a batch of outcomes in one statement, each row fenced by status = 'processing' and its lease_version; returns the ids written.

@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from relay.migrate import migrate
 from relay.ordering import OrderingMap
+from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.services import SKIP_PG, postgres_dsn, require_services
@@ -52,13 +53,14 @@ async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
 
 @pytest.fixture
 def make_store(pool: AsyncConnectionPool[Any], names: OutboxNames) -> Callable[..., Awaitable[OutboxStore]]:
-    """A store whose ordering map is stored in the database, as `relay start` does, so rows
-    inserted afterwards are routed by it."""
+    """A store, with ``ordering`` stored first as the outbox's shared map (what `relay
+    migrate --ordered ...` and `relay settings set` do), so rows inserted afterwards are
+    routed by it."""
 
     async def make(ordering: OrderingMap | None = None) -> OutboxStore:
-        store = OutboxStore(pool, names, ordering or OrderingMap())
-        await store.store_settings()
-        return store
+        async with pool.connection() as conn:
+            await store_ordering(conn, names, ordering or OrderingMap())
+        return OutboxStore(pool, names)
 
     return make
 

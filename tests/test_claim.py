@@ -10,6 +10,7 @@ import psycopg
 
 from relay.message import Decision
 from relay.ordering import OrderingMap
+from relay.shared_settings import store_ordering
 from relay.store import OutboxStore
 from tests.conftest import Db
 
@@ -30,8 +31,9 @@ async def test_four_workers_claiming_seven_at_a_time_get_each_row_once(pg_dsn: s
     ]
     for p in pools:
         await p.open(wait=True)
-    stores = [OutboxStore(p, names, OrderingMap(default_ordered=False)) for p in pools]
-    await stores[0].store_settings()
+    stores = [OutboxStore(p, names) for p in pools]
+    async with pools[0].connection() as conn:
+        await store_ordering(conn, names, OrderingMap(default_ordered=False))
     db.insert((f"agg-{i}", "Ping", {"i": i}) for i in range(200))
     got: dict[str, list[int]] = {f"w{i}": [] for i in range(4)}
 

@@ -25,10 +25,12 @@ from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, resolve
 from relay.db import open_pool
 from relay.message import Decision, OutboxMessage
 from relay.migrate import migrate
+from relay.ordering import OrderingMap
 from relay.runner import run_relay
+from relay.shared_settings import store_ordering
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore, store_ordering
+from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.producers import (
     CommitLog,
@@ -265,8 +267,9 @@ async def test_two_outboxes_written_in_one_transaction_each_get_their_stamp(
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await migrate(conn, second)
     try:
-        other = OutboxStore(pool, second, store.ordering)
-        await other.store_settings()
+        other = OutboxStore(pool, second)
+        async with pool.connection() as conn:
+            await store_ordering(conn, second, OrderingMap())
         with psycopg.connect(pg_dsn) as t1, psycopg.connect(pg_dsn) as t2:
             a_low, b_low = _insert(t1, names), _insert(t1, second)
             a_high, b_high = _insert(t2, names), _insert(t2, second)

@@ -21,7 +21,6 @@ from relay.db import open_pool
 from relay.dbtext import not_utf8, storable
 from relay.decide import describe_text
 from relay.message import Decision
-from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.cli_proc import relay_env, run_relay, start_relay
@@ -176,8 +175,7 @@ async def test_an_error_the_database_encoding_cannot_hold_is_stored_escaped(make
         oid = insert(conn, "Zoë", "CaféOpened", {})
     pool = await open_pool(dsn, size=1)
     try:
-        store = OutboxStore(pool, OutboxNames(), OrderingMap())
-        await store.store_settings()
+        store = OutboxStore(pool, OutboxNames())  # migrate stored the default map: all ordered
         claim = await store.claim(owner="test", batch=10, lease=timedelta(seconds=30), max_attempts=3)
         [message] = claim.messages
         error = describe_text(f"refused for {message.aggregate_id}: price €5 " + "x" * 2000)
@@ -200,8 +198,7 @@ async def test_sql_ascii_claim_keeps_a_row_that_is_not_utf8_apart_with_its_bytes
         good = insert(conn, "order-2", "CaféOpened", {"who": "Zoë"})
     pool = await open_pool(dsn, size=1)
     try:
-        store = OutboxStore(pool, OutboxNames(), OrderingMap())
-        await store.store_settings()
+        store = OutboxStore(pool, OutboxNames())  # migrate stored the default map: all ordered
         claim = await store.claim(owner="test", batch=10, lease=timedelta(seconds=30), max_attempts=3)
         assert [(m.id, m.event_type, m.payload()) for m in claim.messages] == [(good, "CaféOpened", {"who": "Zoë"})]
         [unreadable] = claim.unreadable

@@ -11,6 +11,7 @@ from psycopg import sql
 
 from relay.message import Decision
 from relay.ordering import OrderingMap
+from relay.shared_settings import store_ordering
 from relay.store import OutboxStore
 from tests.conftest import Db
 
@@ -116,12 +117,18 @@ async def test_rows_are_routed_when_inserted_by_the_stored_map(
     assert [r["ordered"] for r in db.rows()] == [True, False, True]
 
 
-async def test_store_settings_reports_the_map_it_replaced(make_store: Callable[..., Awaitable[OutboxStore]]) -> None:
+async def test_storing_a_map_reports_what_it_replaced(make_store: Callable[..., Awaitable[OutboxStore]]) -> None:
     first = await make_store(OrderingMap(default_ordered=False, ordered=("Order*", "Paid.v2")))
-    assert await first.store_settings() is None  # same map: nothing replaced
-    second = OutboxStore(first.pool, first.names, OrderingMap(default_ordered=True))
-    replaced = await second.store_settings()
-    assert replaced == OrderingMap(default_ordered=False, ordered=("Paid.v2", "Order*"))
+    async with first.pool.connection() as conn:
+        reordered = OrderingMap(default_ordered=False, ordered=("Paid.v2", "Order*"))
+        same = await store_ordering(conn, first.names, reordered)
+        assert same.changed == ()  # the same rules in another order: nothing replaced
+        change = await store_ordering(conn, first.names, OrderingMap(default_ordered=True))
+    assert change.before.ordering == OrderingMap(default_ordered=False, ordered=("Paid.v2", "Order*"))
+    assert [(c.setting, c.old, c.new) for c in change.changed] == [
+        ("ordering_default", "unordered", "ordered"),
+        ("ordered", "['Paid.v2', 'Order*']", "[]"),
+    ]
 
 
 async def test_ingest_numbers_each_row_once(store: OutboxStore, db: Db, pool: Any) -> None:

@@ -34,7 +34,7 @@ class RecordingStore(OutboxStore):
 
 
 def recording(store: OutboxStore) -> RecordingStore:
-    rec = RecordingStore(store.pool, store.names, store.ordering)
+    rec = RecordingStore(store.pool, store.names)
     rec.finalized = []
     return rec
 

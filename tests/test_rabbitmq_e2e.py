@@ -113,6 +113,12 @@ async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_
     locked_aggs, unlocked_aggs = [f"acct-L{i}" for i in range(10)], [f"acct-U{i}" for i in range(6)]
     create_producer_tables(pg_dsn, names, locked_aggs)
     locked, unlocked = CommitLog(), CommitLog()
+    # Rows are routed to the ordered or unordered claim when inserted, by the stored map:
+    # the operator stores it first (relay start only reads it).
+    stored = run_relay(
+        "settings", "set", "--dsn", pg_dsn, "--schema", names.schema, "--ordered", "Order*", "--unordered", "Email*"
+    )
+    assert stored.returncode == 0, stored.stderr
 
     process = RelayProcess(
         tmp_path / "relay.log",
@@ -123,14 +129,8 @@ async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_
         "{aggregate_type}.{event_type}",
         "--workers",
         "3",
-        "--ordered",
-        "Order*",
-        "--unordered",
-        "Email*",
     )
     relay.append(process)
-    # Rows are routed to the ordered or unordered claim when inserted, by the map the
-    # relay stores at start: insert once it has started, as producers of a running relay do.
     await process.wait_for("relay started")
     bulk = asyncio.to_thread(db.insert, rows)
     locking = asyncio.to_thread(

@@ -11,14 +11,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
+import psycopg
 
 from adapters.sqs import SqsSettings
 from adapters.sqs.publisher import SqsPublisher
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
+from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.producers import (
     Arrival,
@@ -60,10 +60,11 @@ LIFECYCLE = (
 
 
 async def route_by(dsn: str, names: OutboxNames, ordering: OrderingMap) -> None:
-    """Store the ordering map the relay will run with, as `relay start` does: the database
-    routes each row (ordered or not) when it is inserted, by the map stored then."""
-    async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False, kwargs={"autocommit": True}) as pool:
-        await OutboxStore(pool, names, ordering).store_settings()
+    """Store the ordering map the relay will run with, as `relay migrate --ordered ...`
+    does: the database routes each row (ordered or not) when it is inserted, by the map
+    stored then."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await store_ordering(conn, names, ordering)
 
 
 def seed(db: Db, aggregates: int, per_aggregate: int) -> list[dict[str, Any]]:

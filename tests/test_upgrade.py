@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from relay.message import Decision, OutboxMessage
 from relay.migrate import migrate
 from relay.ordering import OrderingMap
+from relay.shared_settings import store_ordering
 from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
@@ -144,8 +145,9 @@ async def test_upgrade_numbers_unfinished_rows_in_their_old_order_and_loses_noth
     # The old relay's in-flight head finishes under its old lease (the finalize statement
     # is the same in both releases); then everything flows.
     async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
-        store = OutboxStore(pool, names, OrderingMap(default_ordered=False, ordered=("Order*",)))
-        await store.store_settings()
+        async with pool.connection() as conn:
+            await store_ordering(conn, names, OrderingMap(default_ordered=False, ordered=("Order*",)))
+        store = OutboxStore(pool, names)
         in_flight = (await store.claim(owner="new", batch=10, lease=LEASE, max_attempts=3)).messages
         assert ids["a_processing"] not in {m.id for m in in_flight}
         await store.finalize([Decision.published(m) for m in in_flight])

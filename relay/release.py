@@ -1,0 +1,235 @@
+"""`relay release`: hand back the leases of a worker that is gone, before they expire.
+
+A worker that dies holding a long lease leaves its rows ``processing`` until the lease
+runs out; with ``--lease 1h`` its aggregates wait an hour. An operator who knows the host
+is gone releases its rows at once, by owner or by id.
+
+A release is what the reaper does to an expired lease, done early: the row goes back to
+``pending`` (or to ``dead`` when its attempts are spent, so a message that kills every
+worker still stops), the crashed claim keeps counting as an attempt, and the lease is
+cleared. On top of that ``lease_version`` goes up by one, so the old owner's finalize,
+should it come after all, matches nothing. The heads trigger makes a released ordered
+head claimable again, and its aggregate resumes in order behind it.
+
+Rows are locked in id order and released fenced by ``status = 'processing'`` and the
+``lease_version`` read under that lock. Without ``--yes`` nothing is written: the command
+shows what it would release. Rows it will not touch (unknown, not processing, held by
+someone else) are reported with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from relay.deadletters import Refusal, _table
+from relay.errors import ConfigError
+from relay.message import log_fields
+from relay.sqlnames import OutboxNames
+from relay.status import Conn, age_text, ops_query
+
+log = logging.getLogger("relay.release")
+
+MAX_IDS = 10_000  # one statement's worth; a crashed host holds workers x batch size rows
+SHOWN = 50  # rows the text output lists; --json lists all
+
+
+@dataclass(frozen=True)
+class Held:
+    """A leased row as `relay release` found it, and what releasing it makes of it."""
+
+    id: int
+    aggregate_id: str
+    event_type: str
+    lease_owner: str
+    lease_version: int  # the version it is held at (the release writes version + 1)
+    lease_until: datetime
+    attempts: int
+    ordered: bool
+    aggregate_seq: int | None
+    then: str  # 'pending', or 'dead' when its attempts are spent
+
+    def log_fields(self) -> dict[str, Any]:
+        return log_fields(self.id, self.aggregate_id, self.event_type, self.lease_version + 1)
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    """What a release did or, in a dry run, would do."""
+
+    dry_run: bool
+    at: datetime | None  # the database clock when the rows were read
+    owner: str | None
+    released: tuple[Held, ...]  # in a dry run: what would be released
+    refused: tuple[Refusal, ...]  # reported, not touched
+    by: str
+    max_attempts: int
+
+
+def parse_ids(values: Sequence[str]) -> list[int]:
+    """``--ids 1,2,3`` (repeatable) as ids: ASCII digits only, each a positive bigint."""
+    ids: list[int] = []
+    for value in values:
+        for part in value.split(","):
+            text = part.strip()
+            if not (text.isascii() and text.isdigit()) or len(text) > 19 or not 0 < int(text) < 2**63:
+                raise ConfigError(f"invalid --ids entry {part.strip()[:40]!r}: outbox ids are positive integers")
+            ids.append(int(text))
+    if len(set(ids)) > MAX_IDS:
+        raise ConfigError(f"too many --ids: at most {MAX_IDS:,} per release")
+    return sorted(set(ids))
+
+
+def _held(r: dict[str, Any], max_attempts: int) -> Held:
+    return Held(
+        id=r["id"],
+        aggregate_id=r["aggregate_id"],
+        event_type=r["event_type"],
+        lease_owner=r["lease_owner"],
+        lease_version=r["lease_version"],
+        lease_until=r["lease_until"],
+        attempts=r["attempts"],
+        ordered=r["ordered"],
+        aggregate_seq=r["aggregate_seq"],
+        then="dead" if r["attempts"] >= max_attempts else "pending",
+    )
+
+
+def _owned_by(lease_owner: str | None, owner: str) -> bool:
+    return lease_owner is not None and (lease_owner == owner or lease_owner.startswith(owner + ":"))
+
+
+async def release(
+    conn: Conn,
+    names: OutboxNames,
+    *,
+    owner: str | None = None,
+    ids: Sequence[int] = (),
+    by: str,
+    note: str | None = None,
+    max_attempts: int,
+    dry_run: bool = True,
+) -> ReleaseResult:
+    """Release the processing rows held by ``owner`` (that lease owner, or every
+    ``owner:...`` worker of it) and/or with ``ids``; with ``dry_run``, change nothing.
+
+    A ConfigError when nothing at all can be released, naming why."""
+    if owner is None and not ids:
+        raise ConfigError("say whose leases to release: --owner OWNER or --ids 1,2,3")
+    async with conn.transaction():
+        cur = conn.cursor(row_factory=dict_row)
+        if ids:
+            await cur.execute(ops_query(names, "release_by_ids"), {"ids": list(ids)})
+        else:
+            await cur.execute(ops_query(names, "release_by_owner"), {"owner": owner})
+        rows = await cur.fetchall()
+        at = rows[0]["now"] if rows else None
+        found = {r["id"]: r for r in rows}
+        refused: list[Refusal] = []
+        chosen: list[Held] = []
+        for i in ids or sorted(found):
+            r = found.get(i)
+            if r is None:
+                refused.append(Refusal(i, "unknown id"))
+            elif r["status"] != "processing":
+                refused.append(Refusal(i, f"not processing (status {r['status']})"))
+            elif owner is not None and not _owned_by(r["lease_owner"], owner):
+                refused.append(Refusal(i, f"held by {r['lease_owner']}, not {owner}"))
+            else:
+                chosen.append(_held(r, max_attempts))
+        if not chosen:
+            await cur.execute(ops_query(names, "release_holders"))
+            holders = ", ".join(f"{h['lease_owner']} ({h['n']:,})" for h in await cur.fetchall())
+            raise ConfigError(_nothing_line(names, owner, refused, holders))
+        if dry_run:
+            return ReleaseResult(True, at, owner, tuple(chosen), tuple(refused), by, max_attempts)
+        params = {
+            "ids": [h.id for h in chosen],
+            "versions": [h.lease_version for h in chosen],
+            "max_attempts": max_attempts,
+            "by": by,
+            "note": note,
+        }
+        await cur.execute(ops_query(names, "release"), params)
+        written = {r["id"] for r in await cur.fetchall()}
+    # Under the row locks nothing can change between the read and the write; a row missing
+    # here would mean the fence worked against us, and it is reported, not assumed.
+    released = tuple(h for h in chosen if h.id in written)
+    refused += [Refusal(h.id, "changed while being released; left as it is") for h in chosen if h.id not in written]
+    for h in released:
+        log.info(
+            "lease released by %s (was held by %s), message back to %s",
+            by,
+            h.lease_owner,
+            h.then,
+            extra=h.log_fields(),
+        )
+    return ReleaseResult(False, at, owner, released, tuple(sorted(refused, key=lambda r: r.id)), by, max_attempts)
+
+
+def _nothing_line(names: OutboxNames, owner: str | None, refused: Sequence[Refusal], holders: str) -> str:
+    if refused:
+        reasons = "; ".join(f"{r.id}: {r.reason}" for r in refused[:20])
+        more = f" and {len(refused) - 20:,} more" if len(refused) > 20 else ""
+        head = f"nothing to release in {names.qualified} (nothing changed): {reasons}{more}"
+    else:
+        head = f"no processing messages held by {owner!r} in {names.qualified}; nothing changed"
+    return f"{head} (leases are held now by: {holders or 'nobody'})"
+
+
+def render_text(result: ReleaseResult, names: OutboxNames) -> str:
+    """What a release did (or would do), for people."""
+    n = len(result.released)
+    noun = f"{n:,} leased message{'s' if n != 1 else ''} of {names.qualified}"
+    whose = f" held by {result.owner}" if result.owner else ""
+    if result.dry_run:
+        lines = [f"dry run: would release {noun}{whose}"]
+    else:
+        lines = [f"Released {noun}{whose} (lease_version + 1: the old owner's late finalize writes nothing)"]
+    at = result.at
+    rows = [
+        (
+            str(h.id),
+            h.aggregate_id,
+            h.event_type,
+            h.lease_owner,
+            str(h.lease_version),
+            _lease_text(h.lease_until, at),
+            str(h.attempts),
+            h.then if h.then == "pending" else f"dead (attempts spent, max {result.max_attempts})",
+        )
+        for h in result.released[:SHOWN]
+    ]
+    header = ("ID", "AGGREGATE", "EVENT TYPE", "OWNER", "LEASE_VERSION", "LEASE EXPIRES", "ATT", "THEN")
+    lines += ["  " + line for line in _table(header, rows, right=(0, 4, 6)).splitlines()]
+    if n > SHOWN:
+        lines.append(f"  ... and {n - SHOWN:,} more (--json lists all)")
+    aggregates = sorted({h.aggregate_id for h in result.released if h.ordered and h.then == "pending"})
+    if aggregates:
+        shown = ", ".join(aggregates[:20]) + (f" and {len(aggregates) - 20:,} more" if len(aggregates) > 20 else "")
+        lines.append(f"  ordered aggregates that {'would ' if result.dry_run else ''}resume in order: {shown}")
+    if result.refused:
+        lines.append("  not touched:")
+        lines += [f"    {r.id}: {r.reason}" for r in result.refused[:SHOWN]]
+        if len(result.refused) > SHOWN:
+            lines.append(f"    ... and {len(result.refused) - SHOWN:,} more")
+    lines.append(f"  by: {result.by}")
+    if result.dry_run:
+        lines += [
+            "  nothing changed; run again with --yes to release them (only for a worker that is gone:",
+            "  a live worker's finalize is then refused and its messages are delivered again)",
+        ]
+    return "\n".join(lines)
+
+
+def _lease_text(until: datetime, at: datetime | None) -> str:
+    stamp = until.isoformat(timespec="seconds")
+    if at is None:
+        return stamp
+    left = (until - at).total_seconds()
+    return f"{stamp} ({'in ' + age_text(left) if left > 0 else 'expired ' + age_text(-left) + ' ago'})"

@@ -1,0 +1,312 @@
+"""The settings every relay of one outbox shares, stored in ``<table>_settings``.
+
+Two settings live in the database, because the database itself acts on them:
+
+* the **ordering map**: the routing trigger sends each row to the ordered or the unordered
+  claim by the map stored at the moment the row is inserted;
+* **notify**: whether the producers' insert trigger sends a NOTIFY (wake-ups).
+
+Only `relay migrate` (given ordering or notify options) and `relay settings set` change
+them, through :func:`update_settings`. `relay start` never writes them: it reads them,
+runs by them, and warns (:func:`disagreements`) when its own explicitly given options say
+otherwise. Every other option belongs to the one process that reads it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from relay.config import ORDERING_OPTIONS, START_OPTIONS, Option
+from relay.errors import ConfigError
+from relay.ordering import OrderingMap
+from relay.sqlfiles import named_queries
+from relay.sqlnames import OutboxNames
+
+Conn = psycopg.AsyncConnection[Any]
+
+# The options of `relay start` (and `relay migrate`) that name a shared setting, by dest.
+NOTIFY_OPTION = next(o for o in START_OPTIONS if o.dest == "notify")
+SHARED_OPTIONS: tuple[Option, ...] = (*ORDERING_OPTIONS, NOTIFY_OPTION)
+SETTING_NAMES = ("ordering_default", "ordered", "unordered", "notify")
+
+
+@dataclass(frozen=True)
+class SharedSettings:
+    """What ``<table>_settings`` holds (``updated_at`` by the database clock)."""
+
+    ordering: OrderingMap
+    notify: bool
+    updated_at: datetime | None = None
+
+    def value(self, setting: str) -> Any:
+        """One setting in the form its option takes: 'ordered'/'unordered', a tuple, a bool."""
+        if setting == "ordering_default":
+            return "ordered" if self.ordering.default_ordered else "unordered"
+        if setting == "ordered":
+            return self.ordering.ordered
+        if setting == "unordered":
+            return self.ordering.unordered
+        if setting == "notify":
+            return self.notify
+        raise KeyError(setting)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ordering": {
+                "default": self.value("ordering_default"),
+                "ordered": list(self.ordering.ordered),
+                "unordered": list(self.ordering.unordered),
+            },
+            "notify": self.notify,
+            "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+        }
+
+
+@dataclass(frozen=True)
+class SettingsUpdate:
+    """What to change; a field left None keeps the stored value."""
+
+    ordering_default: str | None = None  # 'ordered' or 'unordered'
+    ordered: tuple[str, ...] | None = None
+    unordered: tuple[str, ...] | None = None
+    notify: bool | None = None
+
+    @classmethod
+    def whole_map(cls, ordering: OrderingMap, *, notify: bool | None = None) -> SettingsUpdate:
+        """Replace the whole ordering map (what `relay migrate --ordered ...` does)."""
+        return cls(
+            ordering_default="ordered" if ordering.default_ordered else "unordered",
+            ordered=ordering.ordered,
+            unordered=ordering.unordered,
+            notify=notify,
+        )
+
+    def is_empty(self) -> bool:
+        return all(getattr(self, s) is None for s in SETTING_NAMES)
+
+    def apply(self, stored: SharedSettings) -> SharedSettings:
+        """``stored`` with this update applied; ConfigError if the resulting map is invalid
+        (a name in both lists, an empty entry)."""
+        default = self.ordering_default if self.ordering_default is not None else stored.value("ordering_default")
+        ordering = OrderingMap(
+            default_ordered=default == "ordered",
+            ordered=self.ordered if self.ordered is not None else stored.ordering.ordered,
+            unordered=self.unordered if self.unordered is not None else stored.ordering.unordered,
+        )
+        return SharedSettings(ordering, self.notify if self.notify is not None else stored.notify, stored.updated_at)
+
+
+@dataclass(frozen=True)
+class Changed:
+    """One setting that changed, as text for people."""
+
+    setting: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class SettingsChange:
+    """The settings before and after an update; ``changed`` is empty when it was a no-op."""
+
+    before: SharedSettings
+    after: SharedSettings
+    changed: tuple[Changed, ...]
+
+
+def show(setting: str, value: Any) -> str:
+    """A setting's value as text: ``ordered``, ``['Order*', 'Paid']``, ``true``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list):
+        return repr(list(value))
+    return str(value)
+
+
+def _same(setting: str, a: Any, b: Any) -> bool:
+    # The lists are sets of rules: their order changes nothing about routing.
+    if setting in ("ordered", "unordered"):
+        return sorted(set(a)) == sorted(set(b))
+    return bool(a == b)
+
+
+def differences(before: SharedSettings, after: SharedSettings) -> tuple[Changed, ...]:
+    return tuple(
+        Changed(s, show(s, before.value(s)), show(s, after.value(s)))
+        for s in SETTING_NAMES
+        if not _same(s, before.value(s), after.value(s))
+    )
+
+
+def _query(names: OutboxNames, name: str) -> psycopg.sql.Composed:
+    return names.render(named_queries()[name])
+
+
+def _from_row(row: Mapping[str, Any] | None, names: OutboxNames) -> SharedSettings:
+    if row is None:
+        raise ConfigError(f"{names.qualified}_settings has no row: run `relay migrate`")
+    return SharedSettings(
+        ordering=OrderingMap.from_sql_params(row), notify=bool(row["notify"]), updated_at=row["updated_at"]
+    )
+
+
+async def read_settings(conn: Conn, names: OutboxNames) -> SharedSettings:
+    """The stored settings of the outbox ``names``."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(_query(names, "settings_read"))
+    return _from_row(await cur.fetchone(), names)
+
+
+async def update_settings(conn: Conn, names: OutboxNames, update: SettingsUpdate) -> SettingsChange:
+    """Apply ``update`` under the settings row's lock (so two operators cannot lose each
+    other's change) and return what changed. Writes nothing when nothing changes."""
+    async with conn.transaction():
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(_query(names, "settings_lock"))
+        before = _from_row(await cur.fetchone(), names)
+        after = update.apply(before)
+        changed = differences(before, after)
+        if changed:
+            await cur.execute(_query(names, "settings_write"), {**after.ordering.sql_params(), "notify": after.notify})
+            row = await cur.fetchone()
+            after = SharedSettings(after.ordering, after.notify, row["updated_at"] if row else None)
+    return SettingsChange(before, after, changed)
+
+
+async def store_ordering(
+    conn: Conn, names: OutboxNames, ordering: OrderingMap, *, notify: bool | None = None
+) -> SettingsChange:
+    """Store ``ordering`` whole (and ``notify``, when given)."""
+    return await update_settings(conn, names, SettingsUpdate.whole_map(ordering, notify=notify))
+
+
+# ---- what `relay start` was told, and whether the stored settings agree
+
+
+@dataclass(frozen=True)
+class Given:
+    """A shared setting that a relay's own configuration names explicitly (not a default)."""
+
+    setting: str  # an option dest: ordering_default, ordered, unordered, notify
+    value: Any  # as the option parsed it
+    source: str  # "--ordered", "RELAY_ORDERED" or "config [ordering] ordered"
+
+
+def given_settings(
+    values: Mapping[str, Any],
+    cli_values: Mapping[str, Any],
+    file: Mapping[str, Any],
+    env: Mapping[str, str],
+) -> tuple[Given, ...]:
+    """The shared settings among ``values`` that came from the command line, a variable or
+    the config file (the same precedence as :func:`relay.config.resolve`); defaults are left out."""
+    found = []
+    for o in SHARED_OPTIONS:
+        raw = cli_values.get(o.dest)
+        if raw is not None and raw != ():
+            source = _flag(o, values[o.dest])
+        elif env.get(o.env, "") != "":
+            source = o.env
+        elif o.toml_key in (file.get(o.section, {}) if o.section else file):
+            source = f"config {o.where}"
+        else:
+            continue
+        found.append(Given(o.dest, values[o.dest], source))
+    return tuple(found)
+
+
+def _flag(o: Option, value: Any) -> str:
+    if o.kind == "bool":
+        return o.flag if value else f"--no-{o.flag[2:]}"
+    return o.flag
+
+
+def set_command(names: OutboxNames, settings: Iterable[tuple[str, Any]]) -> str:
+    """The `relay settings set` command that stores ``settings`` (setting, value) for ``names``."""
+    words = ["relay", "settings", "set"]
+    if names.schema != "public":
+        words += ["--schema", names.schema]
+    if names.table != "outbox":
+        words += ["--table", names.table]
+    for setting, value in settings:
+        if setting == "notify":
+            words.append("--notify" if value else "--no-notify")
+        elif setting == "ordering_default":
+            words += ["--ordering-default", str(value)]
+        else:
+            entries = list(value) or [""]  # an empty value empties the list
+            for entry in entries:
+                words += [f"--{setting}", entry]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def disagreements(stored: SharedSettings, given: Sequence[Given], names: OutboxNames) -> list[str]:
+    """One warning line for each given setting that differs from the stored one, naming
+    both values and the command that changes the stored one."""
+    lines = []
+    where = names.qualified
+    for g in given:
+        mine, theirs = g.value, stored.value(g.setting)
+        if _same(g.setting, mine, theirs):
+            continue
+        fix = set_command(names, [(g.setting, mine)])
+        if g.setting == "notify" and not mine:
+            lines.append(
+                f"{g.source}: this relay does not LISTEN and finds new rows by polling; the stored setting"
+                f" notify = true of {where} is unchanged, so producers still NOTIFY and other relays still wake up;"
+                f" to turn wake-ups off for every relay: {fix}"
+            )
+        elif g.setting == "notify":
+            lines.append(
+                f"{g.source}: the stored setting notify = false of {where} means producers send no wake-ups, so"
+                f" this relay polls like the others; to turn wake-ups on for every relay: {fix}"
+                " (then restart the relays: each decides at start whether to LISTEN)"
+            )
+        else:
+            label = "ordering default" if g.setting == "ordering_default" else f"{g.setting} list"
+            lines.append(
+                f"{g.source} {show(g.setting, mine)} differs from the stored {label} {show(g.setting, theirs)}"
+                f" of {where}: rows are routed by the stored ordering map when they are inserted, so this relay"
+                f" runs by the stored map, not by its own option; to change the stored one: {fix}"
+            )
+    return lines
+
+
+def render_text(settings: SharedSettings, names: OutboxNames) -> str:
+    """`relay settings show` for people."""
+    at = settings.updated_at.isoformat(timespec="seconds") if settings.updated_at else "unknown"
+    wakeups = "producers NOTIFY on insert" if settings.notify else "producers send no NOTIFY; relays poll"
+    return "\n".join(
+        [
+            f"shared settings of {names.qualified} (stored in {names.qualified}_settings, last changed {at})",
+            f"  ordering default  {settings.value('ordering_default')}",
+            f"  ordered           {show('ordered', settings.ordering.ordered)}",
+            f"  unordered         {show('unordered', settings.ordering.unordered)}",
+            f"  notify            {show('notify', settings.notify)}   ({wakeups})",
+        ]
+    )
+
+
+def render_change(change: SettingsChange, names: OutboxNames) -> str:
+    """What an update changed, one ``old -> new`` line per setting."""
+    if not change.changed:
+        return f"{names.qualified}: shared settings unchanged (already as given)"
+    width = max(len(_label(c.setting)) for c in change.changed)
+    lines = [f"{names.qualified}: shared settings changed"]
+    lines += [f"  {_label(c.setting):<{width}}  {c.old} -> {c.new}" for c in change.changed]
+    if any(c.setting != "notify" for c in change.changed):
+        lines.append("  (rows inserted from now on are routed by the new map; rows already written keep their route)")
+    if any(c.setting == "notify" for c in change.changed):
+        lines.append("  (relays decide at start whether to LISTEN: restart them to follow a change of notify)")
+    return "\n".join(lines)
+
+
+def _label(setting: str) -> str:
+    return "ordering default" if setting == "ordering_default" else setting
