@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from relay.errors import ConfigError
+from relay.textsafe import clip
 
 # PostgreSQL truncates identifiers at 63 bytes; related objects are named
 # "<table>_<suffix>" with suffixes of up to 20 characters, so tables stop at 40.
@@ -30,8 +31,9 @@ class OutboxNames:
     def __post_init__(self) -> None:
         for kind, value in (("schema", self.schema), ("table", self.table)):
             if not isinstance(value, str) or not _NAME.match(value):
+                shown = clip(value, 60) if isinstance(value, str) else value
                 raise ConfigError(
-                    f"invalid {kind} name {value!r}: use 1-40 lowercase letters, digits or underscores,"
+                    f"invalid {kind} name {shown!r}: use 1-40 lowercase letters, digits or underscores,"
                     " not starting with a digit"
                 )
 

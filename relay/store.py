@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from relay.dsn import mask
 from relay.message import Decision, OutboxMessage
 from relay.ordering import OrderingMap
 from relay.sqlfiles import named_queries
@@ -168,7 +169,9 @@ class OutboxStore:
             "versions": [d.message.lease_version for d in decisions],
             "statuses": [d.status for d in decisions],
             "delays": [d.delay_s for d in decisions],
-            "errors": [d.error for d in decisions],
+            # The one place last_error is written: masked here whoever built the decision
+            # (relay.decide masks its texts before cutting them, too).
+            "errors": [mask(d.error) if d.error else d.error for d in decisions],
             "refunds": [1 if d.refund else 0 for d in decisions],
         }
         async with self.pool.connection() as conn, conn.transaction():
