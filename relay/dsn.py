@@ -176,8 +176,8 @@ def url_problem(url: str, schemes: tuple[str, ...]) -> str | None:
     cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
     if "@" in rest[cut:]:
         return f"an '@' after the host: {ENCODE_HINT}"
-    if rest[:cut].count("@") > 1:
-        return f"more than one '@' before the host: {ENCODE_HINT}"
+    # More than one "@" before the host is left alone: urlsplit and yarl (aio-pika) both
+    # end the user info at the last one, so the URL means what its writer meant.
     try:
         parts = urlsplit(url)
         host, _port = parts.hostname, parts.port

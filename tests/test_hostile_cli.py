@@ -43,7 +43,6 @@ BAD_AMQP_URLS = [
     "amqp//guest:Secret55@127.0.0.1:5672/",  # the colon forgotten
     "amqp:/guest:Secret55@127.0.0.1:5672/",  # a slash forgotten
     "amqp://guest:Secret55/x@127.0.0.1:5672/",  # an unencoded "/" in the password
-    "amqp://guest:x@Secret55@127.0.0.1:5672/",  # an unencoded "@"
     "amqp://guest:Secret55#x@127.0.0.1:5672/",  # an unencoded "#"
     "amqp://guest:Secret55@127.0.0.1:56x2/",  # a port that is not a number
     "guest:Secret55@127.0.0.1:5672",  # no scheme at all
@@ -91,13 +90,15 @@ def test_a_malformed_dsn_from_relay_dsn_is_one_line_without_its_password() -> No
             assert_no_secret(proc)
 
 
-def test_a_well_formed_url_that_cannot_connect_names_its_parts_without_the_password(
+def test_a_url_that_parses_but_cannot_connect_names_its_parts_without_the_password(
     pg_dsn: str, names: OutboxNames
 ) -> None:
-    url = "amqp://guest:Secret55@127.0.0.1:1/"
-    proc = run_relay("start", *relay_args(pg_dsn, names, url), timeout=60)
-    assert_one_line_error(proc, "cannot connect to RabbitMQ at amqp://guest@127.0.0.1:1/")
-    assert_no_secret(proc)
+    # The second has an unencoded "@": both urlsplit and aio-pika's yarl end the user info
+    # at the last one, so it is taken as meant (password "x@Secret55").
+    urls = ("amqp://guest:Secret55@127.0.0.1:1/", "amqp://guest:x@Secret55@127.0.0.1:1/")
+    for proc in run_parallel(*(["start", *relay_args(pg_dsn, names, url)] for url in urls)):
+        assert_one_line_error(proc, "cannot connect to RabbitMQ at amqp://guest@127.0.0.1:1/")
+        assert_no_secret(proc)
 
 
 # --- producer data in the operator commands' text output ------------------------------------
