@@ -184,7 +184,7 @@ HOSTILE_SHAPES = {
     "at signs": "@",
     "colons": ":",
     "unterminated quotes": "password='",
-    "keywords": "password ",
+    "keywords": "password  x=",
     "spaced urls": "amqp://u:p@h ",
 }
 
