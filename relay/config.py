@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from relay.backoff import Backoff
 from relay.decide import Policy
+from relay.dsn import remember_secrets
 from relay.durations import format_bound, parse_duration
 from relay.errors import ConfigError, shown
 from relay.ordering import OrderingMap
@@ -409,6 +410,11 @@ def resolve(
             values[o.dest] = o.parse(table[o.toml_key], f"config {o.where}")
             continue
         values[o.dest] = o.parse(o.default, "default") if o.default is not None else None
+    for o in options:
+        # From here on every mask() replaces these passwords literally, wherever they
+        # appear: a client library quoting a piece of a malformed URL is masked too.
+        if o.secret and isinstance(values[o.dest], str):
+            remember_secrets(values[o.dest])
     return values
 
 

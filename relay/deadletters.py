@@ -28,10 +28,12 @@ from typing import Any, Literal
 
 from psycopg.rows import dict_row
 
+from relay.dsn import mask
 from relay.errors import ConfigError
 from relay.message import log_fields
 from relay.sqlnames import OutboxNames
 from relay.status import Conn, age_text, ops_query
+from relay.textsafe import escape, printable
 
 log = logging.getLogger("relay.dead")
 
@@ -220,7 +222,8 @@ async def list_dead(conn: Conn, names: OutboxNames, flt: DeadFilter, *, limit: i
             event_type=r["event_type"],
             attempts=r["attempts"],
             created_at=r["created_at"],
-            last_error=r["last_error"],
+            # Rows written before last_error was masked on the way in are masked on the way out.
+            last_error=mask(r["last_error"]) if r["last_error"] else r["last_error"],
             ordered=r["ordered"],
             lease_version=r["lease_version"],
             blocking=r["blocking"],
@@ -364,7 +367,7 @@ def _ids_text(items: Sequence[object], limit: int = 20) -> str:
 def render_write(result: WriteResult) -> str:
     """What a re-drive or skip did (or, in a dry run, would do), for people."""
     ids = [t.id for t in result.changed]
-    aggregates = sorted({t.aggregate_id for t in result.changed if t.ordered})
+    aggregates = [printable(a) for a in sorted({t.aggregate_id for t in result.changed if t.ordered})]
     noun = f"{len(ids):,} dead message{'s' if len(ids) != 1 else ''}"
     if result.action == "retry":
         verb, detail, onward = "re-drove", "to pending (attempts reset, available now, in id order)", "resume in order"
@@ -373,9 +376,9 @@ def render_write(result: WriteResult) -> str:
     verb = verb.capitalize()
     if result.dry_run:
         verb = "dry run: would " + ("re-drive" if result.action == "retry" else "skip")
-    lines = [f"{verb} {noun} {detail}", f"  ids: {_ids_text(ids)}", f"  by: {result.by}"]
+    lines = [f"{verb} {noun} {detail}", f"  ids: {_ids_text(ids)}", f"  by: {escape(result.by)}"]
     if result.note:
-        lines.append(f"  reason: {result.note}")
+        lines.append(f"  reason: {escape(result.note)}")
     if aggregates:
         lines.append(f"  ordered aggregates that {'would ' if result.dry_run else ''}{onward}: {_ids_text(aggregates)}")
     if result.dry_run:
@@ -391,8 +394,8 @@ def render_list(page: DeadPage, flt: DeadFilter) -> str:
     rows = [
         (
             str(m.id),
-            m.event_type,
-            m.aggregate_id,
+            printable(m.event_type),
+            printable(m.aggregate_id),
             str(m.attempts),
             age_text((at - m.created_at).total_seconds()) if at else "?",
             "yes" if m.blocking else "",
@@ -419,9 +422,9 @@ def render_groups(groups: Sequence[DeadGroup], flt: DeadFilter) -> str:
             g.key,
             f"{g.count:,}",
             f"{g.blocking:,}",
-            ", ".join(g.event_types) if len(g.event_types) <= 3 else f"{', '.join(g.event_types[:3])}, ...",
+            ", ".join(printable(t) for t in g.event_types[:3]) + (", ..." if len(g.event_types) > 3 else ""),
             f"{g.first_id}..{g.last_id}" if g.first_id != g.last_id else str(g.first_id),
-            g.fingerprint,
+            escape(g.fingerprint),
         )
         for g in groups
     ]
@@ -437,7 +440,7 @@ def render_groups(groups: Sequence[DeadGroup], flt: DeadFilter) -> str:
 def _one_line(text: str | None, width: int) -> str:
     if not text:
         return "-"
-    line = " ".join(text.split())
+    line = escape(" ".join(text.split()))
     return line if len(line) <= width else line[: width - 3] + "..."
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from relay.backoff import Backoff
+from relay.dsn import mask
 from relay.errors import BrokerUnavailable, Defer, PermanentError, RetryableError
 from relay.message import Decision, OutboxMessage
 
@@ -84,4 +85,7 @@ def describe(exc: BaseException) -> str:
 
 
 def describe_text(text: str) -> str:
+    """``text`` as last_error holds it: passwords masked, then cut (in that order: a cut
+    through a password would leave a piece the mask no longer recognises)."""
+    text = mask(text)
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"

@@ -18,9 +18,11 @@ from typing import Any, Literal
 
 from psycopg.rows import dict_row
 
+from relay.dsn import mask
 from relay.errors import ConfigError, shown
 from relay.sqlnames import OutboxNames
 from relay.status import Conn, age_text, ops_query
+from relay.textsafe import CELL_CHARS, clip, escape, printable
 
 State = Literal["blocked", "in_flight", "lease_expired", "backing_off", "ready", "awaiting_ingest", "idle"]
 
@@ -110,7 +112,8 @@ def _head(r: dict[str, Any]) -> HeadMessage:
         event_type=r["event_type"],
         status=r["status"],
         attempts=r["attempts"],
-        last_error=r["last_error"],
+        # Rows written before last_error was masked on the way in are masked on the way out.
+        last_error=mask(r["last_error"]) if r["last_error"] else r["last_error"],
         available_at=r["available_at"],
         lease_owner=r["lease_owner"],
         lease_until=r["lease_until"],
@@ -172,14 +175,14 @@ def _diagnose(
         if head.lease_until > now:
             return (
                 "in_flight",
-                f"the head message #{head.id} is being published by {head.lease_owner} (lease_version"
+                f"the head message #{head.id} is being published by {escape(head.lease_owner or '?')} (lease_version"
                 f" {head.lease_version}){after}",
                 head.lease_until,
                 (),
             )
         return (
             "lease_expired",
-            f"the lease of {head.lease_owner} on the head message #{head.id} expired"
+            f"the lease of {escape(head.lease_owner or '?')} on the head message #{head.id} expired"
             f" {age_text((now - head.lease_until).total_seconds())} ago (did that worker die?); the next claim of"
             " any running relay takes it over",
             head.lease_until,
@@ -204,15 +207,17 @@ def _diagnose(
 
 def render_text(e: Explanation, names: OutboxNames) -> str:
     """The human view of ``e``."""
-    lines = [f"aggregate {e.aggregate_id!r} in {names.qualified}: {e.state.upper().replace('_', ' ')}", f"  {e.reason}"]
+    # Producer data (the id, event type, error) is escaped and cut; repr() escapes the id.
+    shown_id = clip(e.aggregate_id, CELL_CHARS)
+    lines = [f"aggregate {shown_id!r} in {names.qualified}: {e.state.upper().replace('_', ' ')}", f"  {e.reason}"]
     lines.append("")
     h = e.head
     if h is not None:
         seq = f"  aggregate_seq {h.aggregate_seq}" if h.aggregate_seq is not None else ""
         lines += [
-            f"  head          #{h.id}  {h.event_type}{seq}",
+            f"  head          #{h.id}  {printable(h.event_type)}{seq}",
             f"  status        {h.status}, {h.attempts} attempt{'s' if h.attempts != 1 else ''} used",
-            f"  last error    {h.last_error or '-'}",
+            f"  last error    {escape(h.last_error) if h.last_error else '-'}",
             f"  created       {h.created_at.isoformat(timespec='seconds')}"
             f" ({age_text((e.at - h.created_at).total_seconds())} ago)",
             f"  next eligible {_eligible(e)}",
@@ -220,7 +225,7 @@ def render_text(e: Explanation, names: OutboxNames) -> str:
         ]
         if h.resolution:
             at = h.resolved_at.isoformat(timespec="seconds") if h.resolved_at else "?"
-            lines.append(f"  operator      {h.resolution} by {h.resolved_by} at {at}")
+            lines.append(f"  operator      {h.resolution} by {escape(h.resolved_by or '?')} at {at}")
         lines.append(f"  behind it     {e.waiting_behind:,} ordered message{'s' if e.waiting_behind != 1 else ''}")
     else:
         lines.append("  head          none")
@@ -256,4 +261,5 @@ def _lease(e: Explanation) -> str:
     assert h is not None
     if h.lease_until is None:
         return f"none (lease_version {h.lease_version})"
-    return f"{h.lease_owner} until {h.lease_until.isoformat(timespec='seconds')} (lease_version {h.lease_version})"
+    until = h.lease_until.isoformat(timespec="seconds")
+    return f"{escape(h.lease_owner or '?')} until {until} (lease_version {h.lease_version})"

@@ -2,8 +2,13 @@
 
 Every log call about a message passes ``extra=message.log_fields()``; the formatters
 below print those fields, so each line carries outbox id, aggregate id, event type and
-lease_version. Text goes through :func:`relay.dsn.mask` as a last line of defence
+lease_version. Every field goes through :func:`relay.dsn.mask` as a last line of defence
 against a password inside an exception message.
+
+Aggregate ids, event types and error texts come from producers and brokers, so each field
+is cut to a bound (with a marker saying how long it was) in both formats, and the text
+format escapes control characters (:mod:`relay.textsafe`): one record is one line, and no
+producer can forge a line or repaint a terminal. JSON escapes them itself.
 """
 
 from __future__ import annotations
@@ -14,6 +19,15 @@ import sys
 from datetime import UTC, datetime
 
 from relay.dsn import mask
+from relay.textsafe import clip, escape
+
+# Bounds per field of one log line, in characters. The message carries at most one error
+# text (last_error is already cut to 1,000 characters, relay.decide), a field such as an
+# aggregate id or event type is an identifier, and a traceback is kept whole unless an
+# exception message inside it is huge.
+MAX_MESSAGE_CHARS = 4096
+MAX_FIELD_CHARS = 256
+MAX_TRACEBACK_CHARS = 16384
 
 # LogRecord attributes that are not extras.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
@@ -23,16 +37,26 @@ def _extras(record: logging.LogRecord) -> dict[str, object]:
     return {k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")}
 
 
+def _bounded(value: object, limit: int) -> str:
+    """One field, masked and then cut: cutting first could leave half a password that the
+    mask no longer recognises."""
+    return clip(mask(str(value)), limit)
+
+
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = datetime.fromtimestamp(record.created, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-        line = f"{stamp} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        message = escape(_bounded(record.getMessage(), MAX_MESSAGE_CHARS))
+        line = f"{stamp} {record.levelname:<7} {record.name}: {message}"
         extras = _extras(record)
         if extras:
-            line += " " + " ".join(f"{k}={v}" for k, v in extras.items())
+            line += " " + " ".join(f"{k}={escape(_bounded(v, MAX_FIELD_CHARS))}" for k, v in extras.items())
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
-        return mask(line)
+            # A traceback keeps its own line breaks; within each of its lines, control
+            # characters are escaped like everywhere else.
+            trace = _bounded(self.formatException(record.exc_info), MAX_TRACEBACK_CHARS)
+            line += "\n" + "\n".join(escape(part) for part in trace.split("\n"))
+        return line
 
 
 class JsonFormatter(logging.Formatter):
@@ -41,12 +65,14 @@ class JsonFormatter(logging.Formatter):
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
-            **_extras(record),
+            "msg": _bounded(record.getMessage(), MAX_MESSAGE_CHARS),
         }
+        for key, value in _extras(record).items():
+            plain = value is None or isinstance(value, bool | int | float)
+            entry[key] = value if plain else _bounded(value, MAX_FIELD_CHARS)
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return mask(json.dumps(entry, default=str))
+            entry["exc"] = _bounded(self.formatException(record.exc_info), MAX_TRACEBACK_CHARS)
+        return json.dumps(entry)
 
 
 def configure(level: str = "info", fmt: str = "text") -> None:

@@ -25,6 +25,7 @@ from relay.durations import format_duration
 from relay.shared_settings import SharedSettings, read_settings
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
+from relay.textsafe import printable
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -253,11 +254,14 @@ def render_text(status: Status, names: OutboxNames, where: str) -> str:
 def _event_type_table(rows: Sequence[EventTypeStatus]) -> str:
     if not rows:
         return "  no unfinished messages of any event type"
-    width = max(10, *(len(r.event_type) for r in rows))
+    # Event types are producer data: escaped, so a newline in one cannot start a row, and
+    # cut, so one 70,000-character type does not widen the whole table.
+    shown = [printable(r.event_type) for r in rows]
+    width = max(10, *(len(t) for t in shown))
     head = f"  {'EVENT TYPE':<{width}}  {'PENDING':>9}  {'PROCESSING':>10}  {'EXPIRED':>7}  {'DEAD':>7}  OLDEST WAITING"
     body = [
-        f"  {r.event_type:<{width}}  {r.pending:>9,}  {r.processing:>10,}  {r.expired_leases:>7,}  {r.dead:>7,}  "
+        f"  {t:<{width}}  {r.pending:>9,}  {r.processing:>10,}  {r.expired_leases:>7,}  {r.dead:>7,}  "
         f"{age_text(r.oldest_waiting_age_s)}"
-        for r in rows
+        for t, r in zip(shown, rows, strict=True)
     ]
     return "\n".join([head, *body])

@@ -17,6 +17,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from relay.dbtext import SQL_ASCII, not_utf8, original_bytes, readable, server_encoding, storable
+from relay.dsn import mask
 from relay.message import Decision, OutboxMessage
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
@@ -165,7 +166,9 @@ class OutboxStore:
                 "versions": [d.message.lease_version for d in decisions],
                 "statuses": [d.status for d in decisions],
                 "delays": [d.delay_s for d in decisions],
-                "errors": [None if d.error is None else storable(d.error, encoding) for d in decisions],
+                # The one place last_error is written: masked here whoever built the decision
+                # (relay.decide masks its texts before cutting them, too).
+                "errors": [None if d.error is None else storable(mask(d.error), encoding) for d in decisions],
                 "refunds": [1 if d.refund else 0 for d in decisions],
             }
             # Not prepared: a generic plan cannot see how many ids the arrays hold and

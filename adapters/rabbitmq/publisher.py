@@ -37,6 +37,7 @@ from adapters.rabbitmq.settings import RabbitSettings
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError
 from relay.message import OutboxMessage
+from relay.textsafe import clip, escape
 
 log = logging.getLogger("adapters.rabbitmq")
 
@@ -277,7 +278,9 @@ class RabbitPublisher:
                 )
                 return connection
             except ValueError as exc:  # yarl or aiormq refusing the URL itself
-                raise ConfigError(f"invalid --amqp-url {mask(url)!r}: {mask(str(exc))}") from None
+                reason = escape(clip(mask(str(exc)), 200))
+                where = self.settings.where
+                raise ConfigError(f"invalid --amqp-url {where}: refused by the client ({reason})") from None
             except _CONNECT_ERRORS as exc:
                 last = exc
                 log.debug("connecting to RabbitMQ at %s failed: %s", self.settings.where, describe(exc))

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from relay.config import Option
-from relay.dsn import describe_url, mask
+from relay.dsn import describe_url, url_problem
 from relay.errors import ConfigError
 from relay.message import OutboxMessage
 
@@ -164,13 +164,11 @@ class RabbitSettings:
     max_message_size: int = RABBITMQ_MAX_MESSAGE_SIZE
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
-            raise ConfigError(f"invalid --amqp-url {mask(self.url)!r}: expected amqp://user:password@host:port/vhost")
-        try:
-            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-        except ValueError:
-            raise ConfigError(f"invalid --amqp-url {mask(self.url)!r}: the port is not a number") from None
+        # Never quoted, not even masked: a malformed URL is parsed in ways that put pieces
+        # of the password where a mask does not look (the host, the port, the vhost).
+        problem = url_problem(self.url, ("amqp", "amqps"))
+        if problem is not None:
+            raise ConfigError(f"invalid --amqp-url: {problem} (expected amqp://user:password@host:port/vhost)")
         if self.declare and not self.exchange:
             raise ConfigError("--declare needs --exchange: the default exchange cannot be declared")
         if self.confirm_timeout <= timedelta(0):

@@ -7,6 +7,7 @@ start-up, and a relay that delivers to RabbitMQ should not pay for loading the A
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from relay.config import Option
-from relay.dsn import describe_url
+from relay.dsn import describe_url, register_secret
 from relay.errors import ConfigError
 
 # SendMessageBatch takes at most ten entries: an SQS limit, not a tuning knob.
@@ -170,6 +171,11 @@ class SqsSettings:
         Raises :class:`relay.ConfigError` for what no retry can fix: no queue URL, a queue
         URL or endpoint that is not an http(s) URL, a zero timeout.
         """
+        # Credentials from the environment (where a deployment usually puts them) are
+        # masked literally in every log line and error, should an SDK message quote them.
+        # The SDK's other sources (files, instance roles) never pass through the relay's text.
+        for variable in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            register_secret(os.environ.get(variable, ""))
         queue_url = (values.get("queue_url") or "").strip()
         if not queue_url:
             raise ConfigError(
