@@ -44,6 +44,7 @@ from relay.durations import format_bound, format_duration, is_duration_syntax, p
 from relay.errors import ConfigError, DatabaseUnavailable, shown
 from relay.explain import explain
 from relay.explain import render_text as render_explanation
+from relay.ids import parse_outbox_id
 from relay.prune import DEFAULT_BATCH, prune
 from relay.prune import render_text as render_prune
 from relay.release import parse_ids, release
@@ -58,8 +59,7 @@ OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)
 RELEASE_OPTIONS = (*OPS_OPTIONS, *(o for o in START_OPTIONS if o.dest == "max_attempts"))
 CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, erase the screen: --watch redraws in place
 _GROUP_KEY = re.compile(r"[0-9a-f]{8}")
-_ID = re.compile(r"[0-9]{1,19}")
-BIGINT_MAX = 2**63 - 1  # outbox.id is a bigint
+_DIGITS = re.compile(r"[0-9]{1,19}")  # a count: ASCII digits, as ids (relay.ids)
 LIST_MAX = 1_000_000  # rows `dead list` prints at most: a table that long is read with --json
 # `status --watch`: faster than 100 ms is a busy loop on the database; slower than an hour
 # is not watching.
@@ -79,7 +79,7 @@ class AsciiInt(click.types.IntParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             number = value
-        elif isinstance(value, str) and _ID.fullmatch(value.strip()):
+        elif isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
             number = int(value.strip())
         else:
             self.fail(f"{shown(value)} is not a whole number (ASCII digits)", param, ctx)
@@ -436,13 +436,7 @@ def _selection(ids: tuple[str, ...], group: str | None, all_dead: bool, cli_valu
     flt = _filter(cli_values)
     numbers = []
     for raw in ids:
-        # ASCII digits only: str.isdigit() also takes "\u00b2" (superscript two, which int()
-        # refuses) and "\u0661" (an Arabic-Indic one, which int() reads as 1).
-        if not _ID.fullmatch(raw) or not 1 <= int(raw) <= BIGINT_MAX:
-            raise ConfigError(
-                f"invalid id {shown(raw)}: outbox ids are positive integers (ASCII digits, at most 2^63-1)"
-            )
-        numbers.append(int(raw))
+        numbers.append(parse_outbox_id(raw))
     if group is not None and not _GROUP_KEY.fullmatch(group):
         raise ConfigError(
             f"invalid --group {shown(group)}: expected the 8-character key `relay dead list --group` shows"

@@ -29,6 +29,7 @@ from psycopg.rows import dict_row
 
 from relay.deadletters import Refusal, _table
 from relay.errors import ConfigError
+from relay.ids import parse_outbox_id
 from relay.message import log_fields
 from relay.sqlnames import OutboxNames
 from relay.status import Conn, age_text, ops_query
@@ -76,10 +77,7 @@ def parse_ids(values: Sequence[str]) -> list[int]:
     ids: list[int] = []
     for value in values:
         for part in value.split(","):
-            text = part.strip()
-            if not (text.isascii() and text.isdigit()) or len(text) > 19 or not 0 < int(text) < 2**63:
-                raise ConfigError(f"invalid --ids entry {part.strip()[:40]!r}: outbox ids are positive integers")
-            ids.append(int(text))
+            ids.append(parse_outbox_id(part, "--ids entry"))
     if len(set(ids)) > MAX_IDS:
         raise ConfigError(f"too many --ids: at most {MAX_IDS:,} per release")
     return sorted(set(ids))

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
 
 from adapters.memory import InMemoryPublisher, Script
 from relay.backoff import Backoff
 from relay.decide import Policy
+from relay.sqlfiles import migrations
+from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.worker import Worker, WorkerConfig
 
@@ -45,3 +51,20 @@ def terminate_relay_sessions(dsn: str) -> None:
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE application_name = 'outbox-relay' AND pid <> pg_backend_pid()"
         )
+
+
+def create_outbox_at(conn: psycopg.Connection[Any], names: OutboxNames, version: int) -> None:
+    """Create ``names``' schema and apply the shipped migrations up to ``version`` only, with
+    their ledger: an outbox as an earlier release left it, for upgrade tests."""
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(names.schema)))
+    ledger = sql.Identifier(names.schema, f"{names.table}_migrations")
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        ).format(ledger)
+    )
+    for number, name, text in migrations():
+        if number <= version:
+            conn.execute(names.render(text))
+            conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(ledger), (number, name))

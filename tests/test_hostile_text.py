@@ -31,14 +31,13 @@ from relay.errors import ConfigError, PermanentError, RetryableError
 from relay.message import OutboxMessage
 from relay.migrate import migrate
 from relay.ordering import OrderingMap
-from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
 from relay.status import EventTypeStatus
 from relay.status import _event_type_table as event_type_table
 from relay.store import OutboxStore
 from relay.textsafe import clip, escape
 from tests.conftest import Db
-from tests.helpers import make_worker
+from tests.helpers import create_outbox_at, make_worker
 from tests.test_ops_helpers import run_until
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
@@ -406,18 +405,7 @@ async def names_at_0004(pg_dsn: str) -> AsyncIterator[OutboxNames]:
     """An outbox at migration 0004, as the release before the aggregate id limit left it."""
     names = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="outbox")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(names.schema)))
-        ledger = sql.Identifier(names.schema, "outbox_migrations")
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {} (version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(ledger)
-        )
-        for version, name, text in migrations():
-            if version <= 4:
-                conn.execute(names.render(text))
-                conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(ledger), (version, name))
+        create_outbox_at(conn, names, 4)
     yield names
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))

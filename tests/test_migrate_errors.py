@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from psycopg import conninfo, sql
 
-from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
 from tests.cli_proc import run_relay
+from tests.helpers import create_outbox_at
 
 
 def assert_one_line_error(proc: Any, *needles: str) -> str:
@@ -164,18 +164,8 @@ def test_an_upgrade_by_a_role_that_does_not_own_the_outbox_is_refused_in_one_lin
 ) -> None:
     names = OutboxNames(schema=schema, table="outbox")
     ledger = sql.Identifier(schema, "outbox_migrations")
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the outbox as the release before 0004 left it
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {} (version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(ledger)
-        )
-        for version, name, text in migrations():
-            if version <= 3:
-                conn.execute(names.render(text))
-                conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(ledger), (version, name))
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        create_outbox_at(conn, names, 3)  # the outbox as the release before 0004 left it
         conn.execute(
             sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(sql.Identifier(schema), sql.Identifier(role))
         )

@@ -17,10 +17,10 @@ from relay.message import Decision, OutboxMessage
 from relay.migrate import migrate
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
-from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.cli_proc import run_relay
+from tests.helpers import create_outbox_at
 
 LEASE = timedelta(seconds=30)
 
@@ -30,18 +30,7 @@ async def old_names(pg_dsn: str) -> AsyncIterator[OutboxNames]:
     """An outbox at migration 0003, as the release before aggregate_seq left it."""
     names = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="outbox")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(names.schema)))
-        ledger = sql.Identifier(names.schema, "outbox_migrations")
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {} (version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(ledger)
-        )
-        for version, name, text in migrations():
-            if version <= 3:
-                conn.execute(names.render(text))
-                conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(ledger), (version, name))
+        create_outbox_at(conn, names, 3)
     yield names
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
