@@ -20,6 +20,7 @@ from relay.breaker import CircuitBreaker
 from relay.config import RelaySettings
 from relay.db import check_schema, connect, open_pool
 from relay.errors import DatabaseUnavailable
+from relay.oversize import OversizeTurn
 from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
 from relay.wakeup import listen
@@ -134,6 +135,7 @@ async def _run(
 
         metrics = RelayMetrics()
     breaker = CircuitBreaker(on_change=metrics.set_circuit_open if metrics else None)  # one per process
+    oversize = OversizeTurn()  # one message over --batch-bytes in flight per process
     prefix = owner_prefix()
     workers = [
         Worker(
@@ -143,6 +145,7 @@ async def _run(
             config=settings.worker,
             breaker=breaker,
             metrics=metrics,
+            oversize=oversize,
         )
         for i in range(settings.workers)
     ]
