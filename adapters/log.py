@@ -26,7 +26,7 @@ class LogPublisher:
         self._stream.flush()
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:
-        lines = []
+        chunks: list[bytes] = []
         for m in batch:
             envelope: dict[str, object] = {
                 "outbox_id": m.id,
@@ -38,14 +38,24 @@ class LogPublisher:
             }
             if m.aggregate_seq is not None:
                 envelope["aggregate_seq"] = m.aggregate_seq
-            # The payload is already JSON text; splice it in rather than decode and re-encode.
-            lines.append(json.dumps(envelope)[:-1] + ', "payload": ' + m.body.decode() + "}\n")
+            # The payload is already JSON text: spliced in as the bytes the claim got,
+            # never decoded, re-encoded or joined into one string (each a copy of it).
+            chunks += (json.dumps(envelope)[:-1].encode() + b', "payload": ', m.body, b"}\n")
         try:
-            self._stream.write("".join(lines))
-            self._stream.flush()
+            self._write(chunks)
         except OSError as exc:  # the reader went away (a closed pipe): nothing was delivered
             return [BrokerUnavailable(f"stdout is not writable: {exc}")] * len(batch)
         return [None] * len(batch)
+
+    def _write(self, chunks: list[bytes]) -> None:
+        binary = getattr(self._stream, "buffer", None)
+        if binary is None:  # a text-only stream (tests)
+            self._stream.write(b"".join(chunks).decode())
+            self._stream.flush()
+            return
+        self._stream.flush()  # whatever was written as text goes first
+        binary.writelines(chunks)  # a large chunk goes straight to the file, uncopied
+        binary.flush()
 
 
 OPTIONS: tuple[()] = ()

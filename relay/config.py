@@ -23,7 +23,9 @@ from relay.dsn import remember_secrets
 from relay.durations import format_bound, parse_duration
 from relay.errors import ConfigError, shown
 from relay.ordering import OrderingMap
+from relay.sizes import format_size, parse_size
 from relay.sqlnames import OutboxNames
+from relay.store import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, MIN_BATCH_BYTES
 from relay.worker import WorkerConfig
 
 Kind = Literal["str", "int", "float", "duration", "choice", "list", "bool"]
@@ -152,6 +154,28 @@ def _format_number(number: float) -> str:
     return str(int(number)) if float(number).is_integer() else f"{number:g}"
 
 
+@dataclass(frozen=True)
+class SizeOption(Option):
+    """An option holding a number of bytes, written ``512KiB``, ``8MiB`` or as bytes
+    (:mod:`relay.sizes`); ``minimum`` and ``maximum`` are bytes."""
+
+    @property
+    def bounds(self) -> str | None:
+        """The documented range in size units: ``64KiB..1GiB``."""
+        if self.minimum is None or self.maximum is None:
+            return None
+        return f"{format_size(int(self.minimum))}..{format_size(int(self.maximum))}"
+
+    def parse(self, value: Any, source: str) -> Any:
+        name = f"{self.flag} (from {source})" if source != "command line" else self.flag
+        return parse_size(
+            value,
+            name=name,
+            minimum=int(self.minimum or 0),
+            maximum=None if self.maximum is None else int(self.maximum),
+        )
+
+
 BROKERS = ("sqs", "rabbitmq", "log")
 
 # Duration bounds are declared in seconds.
@@ -179,6 +203,15 @@ START_OPTIONS: tuple[Option, ...] = (
     ),
     Option("workers", "int", 4, "Dispatch loops in this process.", minimum=1, maximum=256),
     Option("batch_size", "int", 100, "Rows one claim leases at most.", minimum=1, maximum=1000),
+    SizeOption(
+        "batch_bytes",
+        "str",
+        DEFAULT_BATCH_BYTES,
+        "Payload bytes one claim leases at most (512KiB, 4MiB, 10MB or bytes); a larger message is"
+        " claimed alone, one at a time per process.",
+        minimum=MIN_BATCH_BYTES,
+        maximum=MAX_BATCH_BYTES,
+    ),
     Option(
         "lease",
         "duration",
@@ -455,6 +488,7 @@ class RelaySettings:
         ordering = ordering_from(v)
         worker = WorkerConfig(
             batch_size=v["batch_size"],
+            batch_bytes=v["batch_bytes"],
             lease=lease,
             publish_timeout=publish_timeout,
             poll_interval=v["poll_interval"],

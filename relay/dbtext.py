@@ -97,6 +97,17 @@ def not_utf8(value: str) -> str | None:
     return None
 
 
+def not_utf8_bytes(data: bytes) -> str | None:
+    """:func:`not_utf8` for a payload read as the bytes PostgreSQL sent."""
+    if data.isascii():
+        return None
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"byte 0x{data[exc.start]:02x} at offset {exc.start}"
+    return None
+
+
 def original_bytes(value: str) -> bytes:
     """The bytes an ``exact`` session read, including any that were not UTF-8."""
     return value.encode("utf-8", "surrogateescape")

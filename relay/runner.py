@@ -21,6 +21,7 @@ from relay.config import RelaySettings
 from relay.db import check_schema, connect, open_pool
 from relay.dbtext import SQL_ASCII, server_encoding
 from relay.errors import DatabaseUnavailable
+from relay.oversize import OversizeTurn
 from relay.shared_settings import Given, SharedSettings, disagreements, read_settings
 from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
@@ -149,6 +150,7 @@ async def _run(
 
         metrics = RelayMetrics()
     breaker = CircuitBreaker(on_change=metrics.set_circuit_open if metrics else None)  # one per process
+    oversize = OversizeTurn()  # one message over --batch-bytes in flight per process
     prefix = owner_prefix()
     workers = [
         Worker(
@@ -158,6 +160,7 @@ async def _run(
             config=settings.worker,
             breaker=breaker,
             metrics=metrics,
+            oversize=oversize,
         )
         for i in range(settings.workers)
     ]

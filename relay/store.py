@@ -7,6 +7,7 @@ returns it before any broker call is made.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,9 +15,12 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
 
-from relay.dbtext import SQL_ASCII, not_utf8, original_bytes, readable, server_encoding, storable
+from relay.db import configure_session
+from relay.dbtext import SQL_ASCII, not_utf8, not_utf8_bytes, readable, server_encoding, storable
 from relay.dsn import mask
 from relay.message import Decision, OutboxMessage
 from relay.sqlfiles import named_queries
@@ -29,6 +33,20 @@ log = logging.getLogger("relay.store")
 # back full runs the next one at once; a turn of 5,000 single-event transactions takes
 # tens of milliseconds, short enough for the claim transaction that carries it.
 INGEST_TRANSACTIONS = 5000
+
+# Payload bytes one claim leases at most (relay start --batch-bytes). A worker holds its
+# batch several times over for a moment (libpq's buffer and result, the bodies, the
+# broker client's frames), and a pooled connection keeps a buffer as large as the largest
+# result it read. Peak RSS of `relay start --workers 4 --broker rabbitmq` at 4 MiB, 42 MB
+# of it the idle process: 90 MB draining 10 MB payloads (over the budget: one at a time),
+# 91 MB with 3.9 MB ones (four in flight), 74 MB with 1.9 MB ones (two per batch), 54 MB
+# with 40 kB ones (100 per batch); at 8 MiB, 3.9 MB payloads (two per batch) took 123 MB
+# and 7.5 MB ones 136 MB. Batches of 100 events of up to 40 kB each still fill.
+DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
+# A smaller budget is taken for a typo ("8" meaning 8 MiB): it would claim one row at a
+# time. PostgreSQL's own field limit is 1 GB, so a larger budget never binds anyway.
+MIN_BATCH_BYTES = 64 * 1024
+MAX_BATCH_BYTES = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -85,10 +103,16 @@ class OutboxStore:
         batch: int,
         lease: timedelta,
         max_attempts: int,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        oversize: bool = True,
         ordered_first: bool = True,
         housekeeping: bool = True,
     ) -> Claim:
-        """Lease up to ``batch`` rows in one short transaction.
+        """Lease up to ``batch`` rows, and up to ``batch_bytes`` of payload, in one short
+        transaction. Rows are taken in claim order while their total stays within the
+        budget. With ``oversize``, the first row is taken whatever its size (so a message
+        larger than the budget is claimed alone); without, rows over the budget are passed
+        over, for a claim that may take them.
 
         First returns expired leases (to 'pending', or 'dead' on the last attempt) and
         numbers newly committed ordered rows (the ingest), then runs the ordered and the
@@ -99,8 +123,7 @@ class OutboxStore:
         """
         params: dict[str, Any] = {"owner": owner, "lease": lease, "max_attempts": max_attempts}
         strategies = ["claim_ordered", "claim_unordered"] if ordered_first else ["claim_unordered", "claim_ordered"]
-        messages: list[OutboxMessage] = []
-        unreadable: list[Unreadable] = []
+        rows: list[tuple[Any, ...]] = []
         reaped: list[Reaped] = []
         numbered, ingest_full = 0, False
         try:
@@ -109,24 +132,55 @@ class OutboxStore:
                     cur = await conn.execute(self._sql["reap_expired"], params)
                     reaped = [_reaped(row) for row in await cur.fetchall()]
                     numbered, ingest_full = await self._ingest(conn)
-                for name in strategies:
-                    remaining = batch - len(messages) - len(unreadable)
-                    if remaining <= 0:
-                        break
-                    cur = await conn.execute(self._sql[name], {**params, "batch": remaining})
-                    for row in await cur.fetchall():
-                        message = _message(row)
-                        if isinstance(message, Unreadable):
-                            unreadable.append(message)
-                        else:
-                            messages.append(message)
+                exact = server_encoding(conn) == SQL_ASCII  # text unchecked: look at every row
+                async with _payload_cursor(conn) as cur:
+                    budget = batch_bytes
+                    for name in strategies:
+                        remaining = batch - len(rows)
+                        if remaining <= 0 or (rows and budget <= 0):
+                            break
+                        await cur.execute(
+                            self._sql[name],
+                            {**params, "batch": remaining, "budget": budget, "oversize": oversize and not rows},
+                        )
+                        claimed = await cur.fetchall()
+                        budget -= sum(row[_BYTES] for row in claimed)
+                        rows.extend(claimed)
         except IngestRaced as exc:
             log.warning("%s; nothing was claimed or numbered this time, the next claim tries again", exc)
             return Claim(messages=[], reaped=[])
+        messages: list[OutboxMessage] = []
+        unreadable: list[Unreadable] = []
+        for row in rows:
+            if row[_PAYLOAD] is None:  # over the budget: claimed alone, its payload read now
+                body = await self._oversized(row)
+                if body is None:
+                    continue
+            else:
+                body = row[_PAYLOAD]
+            message = _message(row, body, exact=exact)
+            if isinstance(message, Unreadable):
+                unreadable.append(message)
+            else:
+                messages.append(message)
         messages.sort(key=lambda m: m.id)  # RETURNING order is not guaranteed
         return Claim(
             messages=messages, reaped=reaped, numbered=numbered, ingest_full=ingest_full, unreadable=unreadable
         )
+
+    async def _oversized(self, row: Sequence[Any]) -> bytes | None:
+        """The message of a claimed row whose payload is over the budget, its payload read
+        on a connection of its own, closed afterwards: libpq keeps a connection's input
+        buffer at the largest message it ever received, so a pooled connection that read
+        a 10 MB payload once would hold 10 MB or more for the rest of its life."""
+        params = {"id": row[0], "lease_version": row[6]}
+        async with await _connect_like(self.pool) as conn, _payload_cursor(conn) as cur:
+            await cur.execute(self._sql["payload_of"], params)
+            found = await cur.fetchone()
+        if found is None:  # taken over already (its lease cannot have run out in between)
+            log.warning("claimed row %d was taken over before its payload was read", row[0])
+            return None
+        return bytes(found[0])
 
     async def _ingest(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, bool]:
         """Number what has committed, if no other relay is numbering right now. Two
@@ -185,23 +239,63 @@ def _reaped(row: Sequence[Any]) -> Reaped:
     return Reaped(outbox_id, readable(aggregate_id), readable(event_type), *rest)
 
 
-_TEXT_COLUMNS = ("aggregate_type", "aggregate_id", "event_type", "payload")
+# Columns of the claims' RETURNING lists that the store reads itself.
+_PAYLOAD, _BYTES = 4, 10
 
 
-def _message(row: Sequence[Any]) -> OutboxMessage | Unreadable:
-    """A claimed row (the claims' RETURNING list) as the message a publisher gets, or as
-    an Unreadable one if its text holds bytes that are not UTF-8 (SQL_ASCII only)."""
-    problem = next(
-        ((column, where) for column, value in zip(_TEXT_COLUMNS, row[1:5], strict=True) if (where := not_utf8(value))),
-        None,
-    )
-    texts = row[1:5] if problem is None else [readable(value) for value in row[1:5]]
+class _PayloadLoader(Loader):
+    """jsonb as the bytes PostgreSQL sent, its JSON text: publishers pass it on as the body,
+    so it is neither parsed nor decoded (each would copy a large payload once more)."""
+
+    def load(self, data: Buffer) -> bytes:
+        return bytes(data)
+
+
+async def _connect_like(pool: AsyncConnectionPool[Any]) -> psycopg.AsyncConnection[Any]:
+    """A new connection outside ``pool``, made and set up as the pool's own (one at a time
+    per process: oversized messages take turns, relay.oversize)."""
+    conninfo: Any = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+    kwargs: Any = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
+    if inspect.isawaitable(conninfo):
+        conninfo = await conninfo
+    if inspect.isawaitable(kwargs):
+        kwargs = await kwargs
+    conn = await psycopg.AsyncConnection.connect(conninfo, **(kwargs or {}))
+    try:
+        await configure_session(conn)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
+
+
+def _payload_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
+    """A cursor that returns jsonb payloads as the bytes PostgreSQL sent."""
+    cur = conn.cursor()
+    cur.adapters.register_loader("jsonb", _PayloadLoader)
+    return cur
+
+
+_TEXT_COLUMNS = ("aggregate_type", "aggregate_id", "event_type")
+
+
+def _message(row: Sequence[Any], body: bytes, *, exact: bool = False) -> OutboxMessage | Unreadable:
+    """A claimed row (the claims' RETURNING list) as the message a publisher gets, or, on
+    a SQL_ASCII database (``exact``), as an Unreadable one if its text or its payload holds
+    bytes that are not UTF-8."""
+    problem = None
+    if exact:
+        columns = zip(_TEXT_COLUMNS, row[1:4], strict=True)
+        problem = next(((column, where) for column, value in columns if (where := not_utf8(value))), None)
+        if problem is None and (where := not_utf8_bytes(body)):
+            problem = ("payload", where)
+    texts = row[1:4] if problem is None else [readable(value) for value in row[1:4]]
     message = OutboxMessage(
         id=row[0],
         aggregate_type=texts[0],
         aggregate_id=texts[1],
         event_type=texts[2],
-        body=row[4].encode() if problem is None else original_bytes(row[4]),
+        body=body,
         attempt=row[5],
         lease_version=row[6],
         age_s=row[7],

@@ -22,8 +22,9 @@ from relay.breaker import CircuitBreaker
 from relay.decide import TIMEOUT_PREFIX, Policy, describe, failure_class, is_classified
 from relay.errors import BrokerUnavailable, RetryableError
 from relay.message import Decision, OutboxMessage, log_fields
+from relay.oversize import OversizeTurn
 from relay.sleep import sleep_unless_stopped
-from relay.store import OutboxStore, Reaped
+from relay.store import DEFAULT_BATCH_BYTES, OutboxStore, Reaped
 
 log = logging.getLogger("relay.worker")
 
@@ -36,6 +37,7 @@ HOUSEKEEPING_INTERVAL_S = 0.1
 @dataclass(frozen=True)
 class WorkerConfig:
     batch_size: int = 100
+    batch_bytes: int = DEFAULT_BATCH_BYTES  # payload bytes one claim leases (a larger message alone)
     lease: timedelta = timedelta(seconds=60)
     publish_timeout: timedelta = timedelta(seconds=20)
     poll_interval: timedelta = timedelta(seconds=1)
@@ -113,6 +115,7 @@ class Worker:
         wakeup: asyncio.Event | None = None,
         breaker: CircuitBreaker | None = None,
         metrics: MetricsSink | None = None,
+        oversize: OversizeTurn | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -121,6 +124,8 @@ class Worker:
         self.wakeup = wakeup or asyncio.Event()
         self.breaker = breaker or CircuitBreaker()
         self.metrics: MetricsSink = metrics or NoMetrics()
+        # Shared by the workers of a process (relay.runner); one of its own otherwise.
+        self.oversize = oversize or OversizeTurn()
         self.stats = WorkerStats()
         self._ordered_first = True
         self._last_housekeeping = float("-inf")
@@ -170,6 +175,14 @@ class Worker:
     async def run_once(self, *, limit: int | None = None, probe: bool = False) -> int:
         """Claim one batch (at most ``limit`` rows), publish it, finalize it.
         Returns how many rows were claimed."""
+        # Only the worker holding the process's turn may claim a message over the budget.
+        oversize = self.oversize.take(self.owner)
+        try:
+            return await self._run_once(limit, probe, oversize)
+        finally:
+            self.oversize.release(self.owner)
+
+    async def _run_once(self, limit: int | None, probe: bool, oversize: bool) -> int:
         started = time.monotonic()
         housekeeping = (
             not self._saturated or self._ingest_behind or started - self._last_housekeeping >= HOUSEKEEPING_INTERVAL_S
@@ -181,6 +194,8 @@ class Worker:
             claim = await self.store.claim(
                 owner=self.owner,
                 batch=batch_size,
+                batch_bytes=self.config.batch_bytes,
+                oversize=oversize,
                 lease=self.config.lease,
                 max_attempts=self.config.policy.max_attempts,
                 ordered_first=self._ordered_first,
@@ -190,6 +205,8 @@ class Worker:
             if probe:
                 self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
             raise
+        if oversize and sum(len(m.body) for m in claim.messages) <= self.config.batch_bytes:
+            self.oversize.release(self.owner)  # not needed after all: another worker may have it
         self.metrics.observe_claim(time.monotonic() - started)
         self._ordered_first = not self._ordered_first
         leased = len(claim.messages) + len(claim.unreadable)

@@ -245,10 +245,17 @@ async def claim_latency_relay(dsn: str, samples: int, batch: int) -> list[float]
     """Time the relay's whole claim transaction (reap, ingest, both claims), rolled back."""
     names = OutboxNames(RELAY_SCHEMA)
     from relay.sqlfiles import named_queries
-    from relay.store import INGEST_TRANSACTIONS
+    from relay.store import DEFAULT_BATCH_BYTES, INGEST_TRANSACTIONS
 
     q = {name: names.render(text) for name, text in named_queries().items()}
-    params = {"owner": "bench", "lease": LEASE, "max_attempts": MAX_ATTEMPTS, "batch": batch}
+    params = {
+        "owner": "bench",
+        "lease": LEASE,
+        "max_attempts": MAX_ATTEMPTS,
+        "batch": batch,
+        "budget": DEFAULT_BATCH_BYTES,  # as the relay's claims run: within its byte budget
+        "oversize": True,
+    }
     ingest = {"transactions": INGEST_TRANSACTIONS}
     out = []
     async with await psycopg.AsyncConnection.connect(dsn) as conn:

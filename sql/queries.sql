@@ -133,16 +133,29 @@ SELECT (SELECT count(*) FROM based) AS planned,
        (SELECT count(*) FROM offered) AS aggregates;
 
 -- claim_unordered --
--- Lease a batch of ready rows of unordered event types (plain SKIP LOCKED).
-WITH picked AS (
-    SELECT o.id
-      FROM {outbox} AS o
+-- Lease a batch of ready rows of unordered event types (plain SKIP LOCKED), in claim order while their payloads fit the byte budget. With oversize, the first row is taken whatever its size; without, rows over the budget are passed over (another worker of the process holds one already).
+WITH candidates AS (
+    SELECT o.id, o.available_at, s.bytes
+      FROM {outbox} AS o,
+           -- Measured by the insert trigger; rows written before 0006, or with triggers
+           -- off, by their stored size (read without detoasting: a compressed payload
+           -- counts only its compressed size).
+           LATERAL (SELECT coalesce(o.payload_bytes, pg_column_size(o.payload)) AS bytes) AS s
      WHERE o.status = 'pending'
        AND NOT o.ordered
        AND o.available_at <= now()
+       AND (%(oversize)s OR s.bytes <= %(budget)s)
      ORDER BY o.available_at, o.id
      LIMIT %(batch)s
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF o SKIP LOCKED
+), picked AS (
+    SELECT c.id, c.bytes
+      FROM (SELECT c.id, c.bytes,
+                   sum(c.bytes) OVER (ORDER BY c.available_at, c.id ROWS UNBOUNDED PRECEDING) AS running,
+                   row_number() OVER (ORDER BY c.available_at, c.id) AS n
+              FROM candidates AS c) AS c
+     WHERE c.running <= %(budget)s
+        OR (c.n = 1 AND %(oversize)s)
 )
 UPDATE {outbox} AS o
    SET status        = 'processing',
@@ -152,19 +165,35 @@ UPDATE {outbox} AS o
        attempts      = o.attempts + 1
   FROM picked
  WHERE o.id = picked.id
-RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,
+-- A payload over the budget is left to payload_of, on a connection of its own (see OutboxStore.claim).
+RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type,
+          CASE WHEN picked.bytes <= %(budget)s THEN o.payload END AS payload,
           o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
-          false AS ordered, o.aggregate_seq;
+          false AS ordered, o.aggregate_seq, picked.bytes;
 
 -- claim_ordered --
--- Lease ready heads of aggregates: the earliest unfinished ordered row of each, never a row behind a pending, processing or dead one.
-WITH picked AS (
-    SELECT h.aggregate_id, h.head_id
-      FROM {q_heads} AS h
+-- Lease ready heads of aggregates: the earliest unfinished ordered row of each, never a row behind a pending, processing or dead one; in claim order while their payloads fit the byte budget, the first whatever its size with oversize (as claim_unordered).
+WITH candidates AS (
+    SELECT h.aggregate_id, h.head_id, h.ready_at, s.bytes
+      FROM {q_heads} AS h,
+           -- A probe of the head's row (a head whose row is not pending, which should not
+           -- happen, costs nothing and is held as before; its row is not claimed below).
+           LATERAL (SELECT coalesce((SELECT coalesce(o.payload_bytes, pg_column_size(o.payload))
+                                       FROM {outbox} AS o
+                                      WHERE o.id = h.head_id AND o.status = 'pending'), 0) AS bytes) AS s
      WHERE h.ready_at <= now()
+       AND (%(oversize)s OR s.bytes <= %(budget)s)
      ORDER BY h.ready_at
      LIMIT %(batch)s
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF h SKIP LOCKED
+), picked AS (
+    SELECT c.aggregate_id, c.head_id, c.bytes
+      FROM (SELECT c.aggregate_id, c.head_id, c.bytes,
+                   sum(c.bytes) OVER (ORDER BY c.ready_at, c.aggregate_id ROWS UNBOUNDED PRECEDING) AS running,
+                   row_number() OVER (ORDER BY c.ready_at, c.aggregate_id) AS n
+              FROM candidates AS c) AS c
+     WHERE c.running <= %(budget)s
+        OR (c.n = 1 AND %(oversize)s)
 ), held AS (
     -- An array, not a join: the planner then probes the primary key for each picked head
     -- instead of hashing the whole heads table (10,000 blocked aggregates made it do that).
@@ -185,9 +214,18 @@ UPDATE {outbox} AS o
   FROM picked, quiet
  WHERE o.id = picked.head_id
    AND o.status = 'pending'
-RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,
+RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type,
+          CASE WHEN picked.bytes <= %(budget)s THEN o.payload END AS payload,
           o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
-          true AS ordered, o.aggregate_seq;
+          true AS ordered, o.aggregate_seq, picked.bytes;
+
+-- payload_of --
+-- The payload of one claimed row that was over the byte budget, while the lease is still ours.
+SELECT o.payload
+  FROM {outbox} AS o
+ WHERE o.id = %(id)s
+   AND o.status = 'processing'
+   AND o.lease_version = %(lease_version)s;
 
 -- settings_read --
 -- The outbox's shared settings (ordering map, wake-ups), which relay start runs by and relay status and relay settings show print.

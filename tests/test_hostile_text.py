@@ -414,21 +414,23 @@ async def names_at_0004(pg_dsn: str) -> AsyncIterator[OutboxNames]:
 async def test_rows_longer_than_the_limit_written_before_0005_are_still_delivered(
     pg_dsn: str, names_at_0004: OutboxNames, pool: AsyncConnectionPool[Any]
 ) -> None:
-    """The limit binds producers' inserts only: a long (compressible) ordered id already in
-    the table, numbered or not, passes through the relay's own updates after the upgrade."""
+    """The limit binds producers' inserts only: long (compressible) ordered ids already in
+    the table before the upgrade pass through the relay's own updates after it (numbered
+    by the ingest, claimed, retried, claimed again, finished)."""
     names = names_at_0004
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         db = Db(conn, names)
-        store = OutboxStore(pool, names)  # the migrations' default map: every type ordered
-        numbered = _insert_one(db, "n" * 5000)
-        worker, publisher = make_worker(store, lambda m: RetryableError("later"), max_attempts=10)
-        await run_until(worker, lambda: db.row(numbered)["attempts"] >= 1)  # numbered by the ingest
-        fresh = _insert_one(db, "f" * 5000)  # not numbered yet
+        retried = _insert_one(db, "n" * 5000)
+        fresh = _insert_one(db, "f" * 5000)
         async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as aconn:
             await migrate(aconn, names)
         with pytest.raises(psycopg.errors.CheckViolation):
             _insert_one(db, "g" * 5000)
-        db.conn.execute(sql.SQL("UPDATE {} SET available_at = now() WHERE id = %s").format(db.table), (numbered,))
+        store = OutboxStore(pool, names)  # the migrations' default map: every type ordered
+        worker, publisher = make_worker(store, lambda m: RetryableError("later"), max_attempts=10)
+        await run_until(worker, lambda: db.row(retried)["attempts"] >= 1)  # numbered, claimed, retried
+        assert db.row(retried)["aggregate_seq"] == 1
+        db.conn.execute(sql.SQL("UPDATE {} SET available_at = now() WHERE id = %s").format(db.table), (retried,))
         worker, publisher = make_worker(store, publisher=type(publisher)())
         await run_until(worker, lambda: db.statuses() == {"done": 2})
-        assert sorted(publisher.delivered_ids()) == [numbered, fresh]
+        assert sorted(publisher.delivered_ids()) == [retried, fresh]

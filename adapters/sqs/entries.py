@@ -73,9 +73,10 @@ def attributes(message: OutboxMessage) -> dict[str, MessageAttributeValueTypeDef
     return {name: value for name, value in attrs.items() if value.get("StringValue")}
 
 
-def sqs_size(body: str, attrs: dict[str, MessageAttributeValueTypeDef]) -> int:
-    """A message's size as SQS limits it: body, plus each attribute's name, type and value."""
-    size = len(body.encode())
+def sqs_size(body: bytes, attrs: dict[str, MessageAttributeValueTypeDef]) -> int:
+    """A message's size as SQS limits it: body, plus each attribute's name, type and value
+    (``body`` as UTF-8, the bytes the claim got)."""
+    size = len(body)
     for name, value in attrs.items():
         size += len(name) + len(value["DataType"]) + len(value.get("StringValue", "").encode())
     return size
@@ -85,16 +86,17 @@ def prepare(message: OutboxMessage, *, fifo: bool, max_bytes: int) -> Entry | Pe
     """The entry for ``message``, or the PermanentError that keeps it from being sent at all.
 
     Size and characters are checked here, so a message SQS would refuse whatever happens
-    goes to 'dead' without a request, and never takes a whole request down with it.
+    goes to 'dead' without a request, and never takes a whole request down with it. The
+    size comes first: a payload too large is refused before it is decoded (a copy of it).
     """
+    attrs = attributes(message)
+    size = sqs_size(message.body, attrs)
+    if size > max_bytes:
+        return PermanentError(f"message is {size} bytes with its attributes; the SQS queue takes at most {max_bytes}")
     try:
         body = message.body.decode()
     except UnicodeDecodeError:
         return PermanentError("payload is not valid UTF-8; SQS bodies are text")
-    attrs = attributes(message)
-    size = sqs_size(body, attrs)
-    if size > max_bytes:
-        return PermanentError(f"message is {size} bytes with its attributes; the SQS queue takes at most {max_bytes}")
     for where, text in (("payload", body), *((f"attribute {n}", v.get("StringValue", "")) for n, v in attrs.items())):
         bad = _REFUSED_CHARS.search(text)
         if bad:
