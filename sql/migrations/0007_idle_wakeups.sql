@@ -20,9 +20,15 @@
 --
 -- The check reads a table of one row per relay process (one heap page) once per INSERT
 -- statement; it takes no lock beyond the table's ACCESS SHARE, which every read takes.
--- It runs at statement time, like the NOTIFY before it. A relay that goes idle writes its
--- row and then claims once more before it sleeps (relay.wakeup), so a row committed before
--- the mark is found by that claim, and one whose INSERT ran after it sends a wake-up.
+--
+-- A relay that goes idle writes its row and then claims once more before it sleeps
+-- (relay.wakeup): a row committed before the idle row is found by that claim, and an
+-- INSERT that runs after it sends a wake-up. Left open: a transaction whose INSERT ran
+-- before the idle row committed and which commits after that last claim; its row waits
+-- for the next wake-up or poll. The check runs at statement time, like the NOTIFY before
+-- it. A deferred constraint trigger would check at COMMIT and shrink that window to the
+-- commit itself, but constraint triggers fire once per row, not per statement, and a
+-- REPEATABLE READ producer would still read the table as of its first statement.
 
 CREATE TABLE {q_listeners} (
     owner      text        PRIMARY KEY,  -- host:pid of the relay process
