@@ -195,17 +195,17 @@ class Presence:
             await sleep_unless_stopped(stop, RENEW_CHECK_S)
             if stop.is_set():
                 return
-            async with self._lock:
+            async with self._lock:  # one pool connection at most for this row's writes
                 lapsed = await self._sync()
+                if self._written is not None and self._clock() - self._last_sweep >= SWEEP_INTERVAL_S:
+                    self._last_sweep = self._clock()
+                    with contextlib.suppress(psycopg.Error):
+                        await self._store.sweep_listeners()
             if lapsed:
                 # The idle row had expired or was unknown (a stall, a failed write): rows
                 # inserted meanwhile sent no wake-up, so the workers look again.
                 for event in self._events:
                     event.set()
-            if self._written is not None and self._clock() - self._last_sweep >= SWEEP_INTERVAL_S:
-                self._last_sweep = self._clock()
-                with contextlib.suppress(psycopg.Error):
-                    await self._store.sweep_listeners()
 
     async def close(self) -> None:
         """Remove the row (the process stops); if the database does not answer quickly, the
