@@ -25,7 +25,7 @@ from relay.oversize import OversizeTurn
 from relay.shared_settings import Given, SharedSettings, disagreements, read_settings
 from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
-from relay.wakeup import listen
+from relay.wakeup import Presence, listen
 from relay.worker import Worker, WorkerStats, first_line
 
 log = logging.getLogger("relay.runner")
@@ -152,17 +152,26 @@ async def _run(
     breaker = CircuitBreaker(on_change=metrics.set_circuit_open if metrics else None)  # one per process
     oversize = OversizeTurn()  # one message over --batch-bytes in flight per process
     prefix = owner_prefix()
+    owners = [f"{prefix}:{i}" for i in range(settings.workers)]
+    events = [asyncio.Event() for _ in owners]
+    # Listening is pointless while the producers' trigger sends nothing (stored notify off),
+    # and this process may be told not to (behind a transaction-mode pooler). A process
+    # that does not listen writes no row in <table>_listeners: nobody would hear its wake-ups.
+    listening = stored.notify and settings.notify
+    presence = Presence(store, prefix, owners, events) if listening else None
     workers = [
         Worker(
             store=store,
             publisher=publisher,
-            owner=f"{prefix}:{i}",
+            owner=owner,
             config=settings.worker,
+            wakeup=event,
             breaker=breaker,
             metrics=metrics,
             oversize=oversize,
+            presence=presence,
         )
-        for i in range(settings.workers)
+        for owner, event in zip(owners, events, strict=True)
     ]
     background: list[asyncio.Task[None]] = []
     server: asyncio.Server | None = None
@@ -185,11 +194,11 @@ async def _run(
             )
         )
     # After the metrics server: a port that cannot be bound is refused before anything runs.
-    # Listening is pointless while the producers' trigger sends nothing (stored notify off),
-    # and this process may be told not to (behind a transaction-mode pooler).
-    listening = stored.notify and settings.notify
-    if listening:
-        background.append(asyncio.create_task(listen(settings.dsn, settings.names, [w.wakeup for w in workers], stop)))
+    if presence is not None:
+        background.append(
+            asyncio.create_task(listen(settings.dsn, settings.names, events, stop, on_listening=presence.set_listening))
+        )
+        background.append(asyncio.create_task(presence.keep_alive(stop)))
     if operate.prune_older_than is not None:
         older_than = operate.prune_older_than
         background.append(
@@ -216,6 +225,8 @@ async def _run(
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        if presence is not None:
+            await presence.close()  # neither idle nor working any more: producers stop counting it
         if server is not None:
             server.close()
             await server.wait_closed()

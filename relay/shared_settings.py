@@ -4,7 +4,8 @@ Two settings live in the database, because the database itself acts on them:
 
 * the **ordering map**: the routing trigger sends each row to the ordered or the unordered
   claim by the map stored at the moment the row is inserted;
-* **notify**: whether the producers' insert trigger sends a NOTIFY (wake-ups).
+* **notify**: whether the producers' insert trigger may send a NOTIFY (wake-ups; it sends
+  one only while every relay is idle, see :mod:`relay.wakeup`).
 
 Only `relay migrate` (given ordering or notify options) and `relay settings set` change
 them, through :func:`update_settings`. `relay start` never writes them: it reads them,
@@ -282,7 +283,8 @@ def disagreements(stored: SharedSettings, given: Sequence[Given], names: OutboxN
 def render_text(settings: SharedSettings, names: OutboxNames) -> str:
     """`relay settings show` for people."""
     at = settings.updated_at.isoformat(timespec="seconds") if settings.updated_at else "unknown"
-    wakeups = "producers NOTIFY on insert" if settings.notify else "producers send no NOTIFY; relays poll"
+    on, off = "producers NOTIFY while every relay is idle", "producers send no NOTIFY; relays poll"
+    wakeups = on if settings.notify else off
     return "\n".join(
         [
             f"shared settings of {names.qualified} (stored in {names.qualified}_settings, last changed {at})",

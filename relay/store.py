@@ -231,6 +231,22 @@ class OutboxStore:
             written = {row[0] for row in await cur.fetchall()}
         return {d.message.id for d in decisions} - written
 
+    # ---- this process's row in <table>_listeners (relay.wakeup.Presence writes it)
+
+    async def set_listener(self, owner: str, *, idle: bool, ttl: timedelta) -> None:
+        """Say that the relay process ``owner`` is idle (wake it) or working (do not), for ``ttl``."""
+        async with self.pool.connection() as conn:
+            await conn.execute(self._sql["listener_set"], {"owner": owner, "idle": idle, "ttl": ttl})
+
+    async def drop_listener(self, owner: str) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(self._sql["listener_drop"], {"owner": owner})
+
+    async def sweep_listeners(self) -> None:
+        """Delete the rows of relay processes that died without removing theirs."""
+        async with self.pool.connection() as conn:
+            await conn.execute(self._sql["listener_sweep"])
+
 
 def _reaped(row: Sequence[Any]) -> Reaped:
     # Only logged and counted: text that is not UTF-8 (SQL_ASCII) is shown escaped, so a

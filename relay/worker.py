@@ -25,6 +25,7 @@ from relay.message import Decision, OutboxMessage, log_fields
 from relay.oversize import OversizeTurn
 from relay.sleep import sleep_unless_stopped
 from relay.store import DEFAULT_BATCH_BYTES, OutboxStore, Reaped
+from relay.wakeup import Presence
 
 log = logging.getLogger("relay.worker")
 
@@ -116,7 +117,10 @@ class Worker:
         breaker: CircuitBreaker | None = None,
         metrics: MetricsSink | None = None,
         oversize: OversizeTurn | None = None,
+        presence: Presence | None = None,
     ) -> None:
+        """``presence``: the process's row that tells producers whether to wake it (only
+        when the process LISTENs); without one the worker just polls between wake-ups."""
         self.store = store
         self.publisher = publisher
         self.owner = owner
@@ -126,6 +130,7 @@ class Worker:
         self.metrics: MetricsSink = metrics or NoMetrics()
         # Shared by the workers of a process (relay.runner); one of its own otherwise.
         self.oversize = oversize or OversizeTurn()
+        self.presence = presence
         self.stats = WorkerStats()
         self._ordered_first = True
         self._last_housekeeping = float("-inf")
@@ -140,6 +145,9 @@ class Worker:
             if stop.is_set():
                 return
             probe = limit is not None
+            # Before the claim, not before the sleep: a wake-up that arrives while the claim
+            # runs may be for a row it could not see yet, so the sleep must not swallow it.
+            self.wakeup.clear()
             try:
                 claimed = await self.run_once(limit=limit, probe=probe)
                 if db_failures:
@@ -162,7 +170,8 @@ class Worker:
 
     async def _idle(self, stop: asyncio.Event) -> None:
         """Sleep for the poll interval, or less if a wake-up or stop arrives."""
-        self.wakeup.clear()
+        if self.presence is not None and await self.presence.idle(self.owner):
+            return  # the process has just told the producers it is idle: look once more first
         waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wakeup.wait())}
         try:
             await asyncio.wait(
@@ -171,6 +180,8 @@ class Worker:
         finally:
             for waiter in waiters:
                 waiter.cancel()
+            if self.presence is not None:
+                self.presence.awake(self.owner)
 
     async def run_once(self, *, limit: int | None = None, probe: bool = False) -> int:
         """Claim one batch (at most ``limit`` rows), publish it, finalize it.
@@ -211,6 +222,8 @@ class Worker:
         self._ordered_first = not self._ordered_first
         leased = len(claim.messages) + len(claim.unreadable)
         self._saturated = leased >= batch_size
+        if leased and self.presence is not None:
+            self.presence.working(self.owner, saturated=self._saturated)
         if housekeeping:
             self._ingest_behind = claim.ingest_full
         self._report_reaped(claim.reaped)

@@ -1,11 +1,18 @@
 """What the relay costs the producers' own transactions: insert rate into the design
 reference's plain outbox table beside a `relay migrate`d one, same run, same machine.
 
-The relay's triggers (routing at insert, the commit stamp at COMMIT, the wake-up NOTIFY)
+The relay's triggers (routing at insert, the commit stamp at COMMIT, the wake-up check)
 and its indexes run inside every producer transaction, so they are part of what users
 pay. Each producer is a pgbench client inserting single-row transactions (autocommit)
 into a fresh table; variants and producer counts alternate within every round, and the
 median of the rounds is printed.
+
+Producers send a wake-up (NOTIFY) only while every relay is idle (migration 0007), so
+the relay schema is measured in three states: a relay working (its row in
+``<table>_listeners`` says so: what producers pay under load), a relay idle (every insert
+notifies: what they pay while nothing else happens), and wake-ups off for the whole
+outbox (``relay settings set --no-notify``). The rows are written here as a relay would
+write them, valid for an hour; no relay runs.
 
     .venv/bin/python scripts/bench_producer.py               # about 3 minutes
     .venv/bin/python scripts/bench_producer.py --quick       # a smoke run
@@ -47,7 +54,11 @@ VALUES ('order', 'order-' || :a, 'OrderPaid',
         '{{"order_id": 42, "amount": "19.90", "currency": "EUR", "note": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}');
 """
 
-VARIANTS = ("plain table", "relay schema, wake-ups on (default)", "relay schema, wake-ups off")
+PLAIN = "plain table"
+WORKING = "relay schema, wake-ups on, a relay working"
+IDLE = "relay schema, wake-ups on, a relay idle"
+OFF = "relay schema, `--no-notify`"
+VARIANTS = (PLAIN, WORKING, IDLE, OFF)
 
 
 def setup(dsn: str, variant: str) -> str:
@@ -56,7 +67,7 @@ def setup(dsn: str, variant: str) -> str:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
         table = sql.Identifier(SCHEMA, "outbox")
-        if variant == VARIANTS[0]:
+        if variant == PLAIN:
             conn.execute(sql.SQL(REFERENCE_DDL).format(t=table))
         else:
 
@@ -68,8 +79,17 @@ def setup(dsn: str, variant: str) -> str:
             # The default map (every type ordered), as a relay that never stored one leaves it.
             conn.execute(
                 sql.SQL("UPDATE {} SET notify = %s").format(sql.Identifier(SCHEMA, "outbox_settings")),
-                (variant == VARIANTS[1],),
+                (variant != OFF,),
             )
+            # One relay process, as its row in <table>_listeners describes it (relay.wakeup);
+            # with wake-ups off no relay LISTENs, so none has a row.
+            if variant != OFF:
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (owner, idle, expires_at) VALUES ('bench:1', %s, now() + interval '1 hour')"
+                    ).format(sql.Identifier(SCHEMA, "outbox_listeners")),
+                    (variant == IDLE,),
+                )
         conn.execute("CHECKPOINT")
     return f"{SCHEMA}.outbox"
 
@@ -118,7 +138,7 @@ def main() -> None:
     header = ["producers", *VARIANTS]
     rows = []
     for n in args.producers:
-        plain = med[(VARIANTS[0], n)]
+        plain = med[(PLAIN, n)]
         cells = [f"{plain:,.0f}/s"] + [f"{med[(v, n)]:,.0f}/s ({med[(v, n)] / plain:.2f}x)" for v in VARIANTS[1:]]
         rows.append([str(n), *cells])
     print(f"\nsingle-row INSERT transactions, median of {args.rounds} rounds of {args.seconds:g} s each")

@@ -227,6 +227,21 @@ SELECT o.payload
    AND o.status = 'processing'
    AND o.lease_version = %(lease_version)s;
 
+-- listener_set --
+-- Record whether this relay process is idle (every worker found nothing and waits for a wake-up) or working, valid for %(ttl)s by the database clock: the producers' insert trigger notifies only while every live row is idle (migration 0007).
+INSERT INTO {q_listeners} AS l (owner, idle, expires_at)
+VALUES (%(owner)s, %(idle)s, now() + %(ttl)s)
+ON CONFLICT (owner) DO UPDATE
+   SET idle = excluded.idle, expires_at = excluded.expires_at;
+
+-- listener_drop --
+-- Remove this relay process's row (it stops, or lost its LISTEN connection): it is no longer there to be woken, and no longer working.
+DELETE FROM {q_listeners} WHERE owner = %(owner)s;
+
+-- listener_sweep --
+-- Remove rows that expired a while ago (relay processes that were killed), so the producers' check keeps reading a table of live relays only.
+DELETE FROM {q_listeners} WHERE expires_at < now() - interval '1 minute';
+
 -- settings_read --
 -- The outbox's shared settings (ordering map, wake-ups), which relay start runs by and relay status and relay settings show print.
 SELECT ord_default, ord_names, unord_names, ord_patterns, unord_patterns, notify, updated_at

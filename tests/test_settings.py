@@ -138,7 +138,13 @@ async def test_a_relay_does_not_listen_while_the_stored_notify_is_off(
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await update_settings(conn, names, SettingsUpdate(notify=False))
-        # The producers' trigger sends nothing now.
+        # An idle relay, as its row says (relay.wakeup.Presence): even so the producers'
+        # trigger sends nothing now.
+        await conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (owner, idle, expires_at) VALUES ('elsewhere:1', true, now() + interval '1 hour')"
+            ).format(sql.Identifier(names.schema, f"{names.table}_listeners"))
+        )
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"{names.schema}.{names.table}")))
         db.insert([("a", "E", {})])
         assert [n async for n in conn.notifies(timeout=0.5)] == []
@@ -146,6 +152,7 @@ async def test_a_relay_does_not_listen_while_the_stored_notify_is_off(
         db.insert([("a", "E", {})])
         assert len([n async for n in conn.notifies(timeout=2, stop_after=1)]) == 1
         await update_settings(conn, names, SettingsUpdate(notify=False))
+        await conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(names.schema, f"{names.table}_listeners")))
     caplog.set_level(logging.INFO, logger="relay.runner")
     publisher, stop = InMemoryPublisher(), asyncio.Event()
     # Told to notify, but nobody sends wake-ups: it polls, and warns.
