@@ -22,6 +22,14 @@ from relay.release import parse_ids
 from relay.store import OutboxStore
 from tests.cli_proc import relay_env, run_relay, start_relay
 from tests.conftest import Db
+from tests.producers import (
+    Arrival,
+    CommitLog,
+    LockedProducers,
+    create_producer_tables,
+    order_violations,
+    produce_unlocked,
+)
 from tests.test_ops_helpers import PATIENCE_S, assert_one_line_error, relay_json, run_parallel, target
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
@@ -200,3 +208,45 @@ async def test_bad_release_requests_get_one_line(store: OutboxStore, db: Db, pg_
     procs = run_parallel(*(["release", *args, *t] for args, _ in cases))
     for (_, needle), proc in zip(cases, procs, strict=True):
         assert_one_line_error(proc, needle)
+
+
+@pytest.mark.parametrize("producers", ["locked", "unlocked"])
+async def test_released_ordered_rows_are_delivered_in_commit_order(
+    producers: str, store: OutboxStore, db: Db, pg_dsn: str
+) -> None:
+    """The crashed host held the head of each aggregate, written by producers that lock the
+    aggregate (the design reference's pattern) or that do not; after `relay release --yes`
+    another relay delivers every aggregate in the order its transactions committed, as the
+    producers observed it, with aggregate_seq 1, 2, 3, ..."""
+    aggregates = ["order-1", "order-2"]
+    create_producer_tables(pg_dsn, db.names, aggregates)
+    log = CommitLog()
+    if producers == "locked":
+        LockedProducers(pg_dsn, db.names, aggregates, log, threads=2, rollback_share=0.0, seed=3).run(6)
+    else:
+        produce_unlocked(pg_dsn, db.names, aggregates, log, rounds=6, seed=3, unordered_type=None)
+    expected = log.expected()
+    heads = {order[0] for order in expected.values()}
+    await claim_as(store, f"{DEAD_HOST}:0", heads)
+
+    proc = run_relay("release", "--owner", DEAD_HOST, "--yes", *target(pg_dsn, db))
+    assert proc.returncode == 0, proc.stderr
+    relay = start_relay(
+        "--schema", db.names.schema, "--broker", "log", "--poll-interval", "100ms",
+        env=relay_env(RELAY_DSN=pg_dsn),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while db.statuses().get("done", 0) < len(log.ids()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        out, err = relay.communicate(timeout=30)
+    assert relay.returncode == 0, err
+    received = [json.loads(line) for line in out.splitlines()]  # the broker's order
+    arrivals = [Arrival(m["outbox_id"], m["aggregate_id"]) for m in received]
+    assert {a.outbox_id for a in arrivals} == log.ids()
+    assert not order_violations(expected, arrivals)
+    for aggregate, order in expected.items():
+        seqs = [m["aggregate_seq"] for m in received if m["aggregate_id"] == aggregate]
+        assert seqs == list(range(1, len(order) + 1)), (aggregate, seqs)
