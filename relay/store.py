@@ -235,17 +235,22 @@ class OutboxStore:
 
     async def set_listener(self, owner: str, *, idle: bool, ttl: timedelta) -> None:
         """Say that the relay process ``owner`` is idle (wake it) or working (do not), for ``ttl``."""
-        async with self.pool.connection() as conn:
-            await conn.execute(self._sql["listener_set"], {"owner": owner, "idle": idle, "ttl": ttl})
+        await self._listeners("listener_set", {"owner": owner, "idle": idle, "ttl": ttl})
 
     async def drop_listener(self, owner: str) -> None:
-        async with self.pool.connection() as conn:
-            await conn.execute(self._sql["listener_drop"], {"owner": owner})
+        await self._listeners("listener_drop", {"owner": owner})
 
     async def sweep_listeners(self) -> None:
         """Delete the rows of relay processes that died without removing theirs."""
-        async with self.pool.connection() as conn:
-            await conn.execute(self._sql["listener_sweep"])
+        await self._listeners("listener_sweep", {})
+
+    async def _listeners(self, change: str, params: dict[str, Any]) -> None:
+        """One change to <table>_listeners, and the producers' answer recomputed from the
+        rows, in one transaction under the settings row's lock (see listener_turn)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(self._sql["listener_turn"])
+            await conn.execute(self._sql[change], params)
+            await conn.execute(self._sql["listener_answer"])
 
 
 def _reaped(row: Sequence[Any]) -> Reaped:

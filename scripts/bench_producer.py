@@ -1,20 +1,26 @@
 """What the relay costs the producers' own transactions: insert rate into the design
 reference's plain outbox table beside a `relay migrate`d one, same run, same machine.
 
-The relay's triggers (routing at insert, the commit stamp at COMMIT, the wake-up check)
-and its indexes run inside every producer transaction, so they are part of what users
-pay. Each producer is a pgbench client inserting single-row transactions (autocommit)
-into a fresh table; variants and producer counts alternate within every round, and the
-median of the rounds is printed.
+The relay's triggers (routing at insert, which also sends the wake-up while a relay is
+idle, and the commit stamp at COMMIT) and its indexes run inside every producer
+transaction, so they are part of what users pay. Each producer is a pgbench client
+inserting single-row transactions (autocommit) into a fresh table; variants and producer
+counts alternate within every round, and the median of the rounds is printed. Beside the
+rate, the CPU time the producers' own PostgreSQL backends spent per transaction (read from
+/proc while they run): the cost itself, steadier than a rate when other work shares the
+machine.
 
-Producers send a wake-up (NOTIFY) only while every relay is idle (migration 0007), so
-the relay schema is measured in three states: a relay working (its row in
-``<table>_listeners`` says so: what producers pay under load), a relay idle (every insert
-notifies: what they pay while nothing else happens), and wake-ups off for the whole
-outbox (``relay settings set --no-notify``). The rows are written here as a relay would
-write them, valid for an hour; no relay runs.
+Producers send a wake-up (NOTIFY) only while every relay is idle (migrations 0007, 0008),
+so the relay schema is measured in three states: a relay working (what producers pay under
+load), a relay idle (every insert notifies: what they pay while nothing else happens), and
+wake-ups off for the whole outbox (``relay settings set --no-notify``). The relay's state
+is written with the relays' own statements, valid for an hour; no relay runs. Two more
+rows take the relay schema apart, with a relay working: without the commit stamp, and
+without any relay trigger (the table, its defaults, constraints and indexes alone). The
+first row after the plain table is the schema before migration 0008, the baseline of the
+change that made inserts cheaper.
 
-    .venv/bin/python scripts/bench_producer.py               # about 3 minutes
+    .venv/bin/python scripts/bench_producer.py               # about 6 minutes
     .venv/bin/python scripts/bench_producer.py --quick       # a smoke run
     .venv/bin/python scripts/bench_producer.py --markdown    # the table for BENCHMARKS.md
 
@@ -24,7 +30,6 @@ Needs `pgbench` (Debian: package postgresql-client or the server package).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import re
 import shutil
@@ -32,19 +37,25 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from relay.migrate import migrate
+from relay.sqlfiles import migrations, named_queries
 from relay.sqlnames import OutboxNames
 from scripts.reference_schema import REFERENCE_DDL
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bench_producer"
+NAMES = OutboxNames(SCHEMA)
+BEFORE_VERSION = 7  # the last migration before inserts were made cheaper (0008)
 
 
 # One event per transaction, 1,000 aggregates, a payload of about 100 bytes.
@@ -54,64 +65,124 @@ VALUES ('order', 'order-' || :a, 'OrderPaid',
         '{{"order_id": 42, "amount": "19.90", "currency": "EUR", "note": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}');
 """
 
-PLAIN = "plain table"
-WORKING = "relay schema, wake-ups on, a relay working"
-IDLE = "relay schema, wake-ups on, a relay idle"
-OFF = "relay schema, `--no-notify`"
-VARIANTS = (PLAIN, WORKING, IDLE, OFF)
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    version: int | None = None  # migrations applied; None: the plain table
+    relay: str | None = "working"  # the relays' state: working, idle, or None (wake-ups off)
+    disabled: tuple[str, ...] = ()  # relay triggers switched off, to see what the rest costs
 
 
-def setup(dsn: str, variant: str) -> str:
+PLAIN = Variant("plain table")
+VARIANTS = (
+    PLAIN,
+    Variant("relay schema before 0008, a relay working", version=BEFORE_VERSION),
+    Variant("relay schema, wake-ups on, a relay working"),
+    Variant("relay schema, wake-ups on, a relay idle", relay="idle"),
+    Variant("relay schema, `--no-notify`", relay=None),
+    Variant("relay schema, a relay working, no commit stamp", disabled=("stamp",)),
+    Variant("relay schema, no relay triggers", disabled=("stamp", "route")),
+)
+
+
+def setup(dsn: str, variant: Variant) -> str:
     """A fresh table for ``variant``; returns its qualified name for the pgbench script."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
         table = sql.Identifier(SCHEMA, "outbox")
-        if variant == PLAIN:
+        if variant.version is None and variant is PLAIN:
             conn.execute(sql.SQL(REFERENCE_DDL).format(t=table))
         else:
-
-            async def relay_schema() -> None:
-                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
-                    await migrate(aconn, OutboxNames(SCHEMA))
-
-            asyncio.run(relay_schema())
+            with conn.transaction():
+                for number, _, text in migrations():
+                    if variant.version is None or number <= variant.version:
+                        conn.execute(NAMES.render(text))
             # The default map (every type ordered), as a relay that never stored one leaves it.
             conn.execute(
                 sql.SQL("UPDATE {} SET notify = %s").format(sql.Identifier(SCHEMA, "outbox_settings")),
-                (variant != OFF,),
+                (variant.relay is not None,),
             )
-            # One relay process, as its row in <table>_listeners describes it (relay.wakeup);
-            # with wake-ups off no relay LISTENs, so none has a row.
-            if variant != OFF:
+            # One relay process, as it records itself (relay.wakeup.Presence); with wake-ups
+            # off no relay LISTENs, so none has a row.
+            if variant.relay is not None:
+                _record_relay(conn, idle=variant.relay == "idle", before_0008=variant.version is not None)
+            for trigger in variant.disabled:
                 conn.execute(
-                    sql.SQL(
-                        "INSERT INTO {} (owner, idle, expires_at) VALUES ('bench:1', %s, now() + interval '1 hour')"
-                    ).format(sql.Identifier(SCHEMA, "outbox_listeners")),
-                    (variant == IDLE,),
+                    sql.SQL("ALTER TABLE {} DISABLE TRIGGER {}").format(table, sql.Identifier(f"outbox_{trigger}"))
                 )
         conn.execute("CHECKPOINT")
     return f"{SCHEMA}.outbox"
 
 
-def pgbench(dsn: str, script: Path, clients: int, seconds: float) -> float:
-    """Transactions per second of ``clients`` pgbench clients running ``script``."""
+def _record_relay(conn: psycopg.Connection[Any], *, idle: bool, before_0008: bool) -> None:
+    queries = named_queries()
+    params = {"owner": "bench:1", "idle": idle, "ttl": "1 hour"}
+    if before_0008:  # then the producers' trigger read <table>_listeners itself
+        conn.execute(NAMES.render(queries["listener_set"]), params)
+        return
+    with conn.transaction():
+        for name in ("listener_turn", "listener_set", "listener_answer"):
+            conn.execute(NAMES.render(queries[name]), params if name == "listener_set" else None)
+
+
+@dataclass(frozen=True)
+class Sample:
+    rate: float  # transactions per second, as pgbench reports it
+    cpu_us: float  # CPU time of the producers' backends per transaction, in microseconds
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (a backend on this machine), or 0 once it has gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _backend_cpu(dsn: str, seconds: float, out: list[float]) -> None:
+    """The producers' backends' CPU per committed row over the middle of a run (the first
+    and last fifth left out: connecting and disconnecting are not inserts)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        time.sleep(seconds / 5)
+        pids = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'pgbench'")]
+        count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(SCHEMA, "outbox"))
+
+        def rows() -> int:
+            row = conn.execute(count).fetchone()
+            return int(row[0]) if row else 0
+
+        cpu0, rows0 = sum(_cpu_seconds(p) for p in pids), rows()
+        time.sleep(seconds * 3 / 5)
+        cpu1, rows1 = sum(_cpu_seconds(p) for p in pids), rows()
+    if rows1 > rows0 and pids:
+        out.append((cpu1 - cpu0) / (rows1 - rows0) * 1e6)
+
+
+def pgbench(dsn: str, script: Path, clients: int, seconds: float) -> Sample:
+    """Rate and backend CPU per transaction of ``clients`` pgbench clients running ``script``."""
+    cpu: list[float] = []
+    watcher = threading.Thread(target=_backend_cpu, args=(dsn, seconds, cpu))
+    watcher.start()
     out = subprocess.run(
         ["pgbench", "--no-vacuum", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(int(seconds)),
          "-f", str(script), dsn],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
+    watcher.join()
     match = re.search(r"tps = ([\d.]+)", out.stdout)
     if out.returncode != 0 or not match:
         raise SystemExit(f"bench_producer: pgbench failed: {out.stderr.strip().splitlines()[-1:]}")
-    return float(match.group(1))
+    return Sample(float(match.group(1)), cpu[0] if cpu else float("nan"))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn", default=os.environ.get("RELAY_BENCH_DSN", DEFAULT_DSN))
     ap.add_argument("--producers", type=int, nargs="+", default=[1, 4, 16])
-    ap.add_argument("--seconds", type=float, default=8)
+    ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="2 s per measurement, one round")
     ap.add_argument("--markdown", action="store_true")
@@ -120,7 +191,7 @@ def main() -> None:
         raise SystemExit("bench_producer: pgbench is not installed (Debian: apt-get install postgresql-client)")
     if args.quick:
         args.seconds, args.rounds = 2, 1
-    rates: dict[tuple[str, int], list[float]] = {}
+    samples: dict[tuple[Variant, int], list[Sample]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for n in args.producers:
@@ -128,20 +199,31 @@ def main() -> None:
                     table = setup(args.dsn, variant)
                     script = Path(tmp) / "insert.sql"
                     script.write_text(INSERT_SCRIPT.format(table=table))
-                    rate = pgbench(args.dsn, script, n, args.seconds)
-                    rates.setdefault((variant, n), []).append(rate)
-                    print(f"  round {r + 1}: {variant}, {n} producers: {rate:,.0f}/s", file=sys.stderr)
+                    got = pgbench(args.dsn, script, n, args.seconds)
+                    samples.setdefault((variant, n), []).append(got)
+                    print(
+                        f"  round {r + 1}: {variant.label}, {n} producers: {got.rate:,.0f}/s, {got.cpu_us:.0f} us CPU",
+                        file=sys.stderr,
+                    )
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+        autovacuum = conn.execute("SHOW autovacuum").fetchone()
 
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    header = ["producers", *VARIANTS]
+    rate = {k: statistics.median(x.rate for x in v) for k, v in samples.items()}
+    cpu = {k: statistics.median(x.cpu_us for x in v) for k, v in samples.items()}
+    header = ["variant", *(f"{n} producers" for n in args.producers)]
     rows = []
-    for n in args.producers:
-        plain = med[(PLAIN, n)]
-        cells = [f"{plain:,.0f}/s"] + [f"{med[(v, n)]:,.0f}/s ({med[(v, n)] / plain:.2f}x)" for v in VARIANTS[1:]]
-        rows.append([str(n), *cells])
-    print(f"\nsingle-row INSERT transactions, median of {args.rounds} rounds of {args.seconds:g} s each")
+    for variant in VARIANTS:
+        cells = []
+        for n in args.producers:
+            ratio = "" if variant is PLAIN else f" ({rate[(variant, n)] / rate[(PLAIN, n)]:.2f}x)"
+            cells.append(f"{rate[(variant, n)]:,.0f}/s{ratio}, {cpu[(variant, n)]:.0f} us")
+        rows.append([variant.label, *cells])
+    print(
+        f"\nsingle-row INSERT transactions, median of {args.rounds} rounds of {args.seconds:g} s each:"
+        " rate (ratio to the plain table), CPU of the producers' backends per transaction"
+    )
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}; autovacuum {autovacuum[0] if autovacuum else '?'}")
     if args.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))

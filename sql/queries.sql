@@ -227,20 +227,31 @@ SELECT o.payload
    AND o.status = 'processing'
    AND o.lease_version = %(lease_version)s;
 
+-- listener_turn --
+-- Take the settings row's lock before writing this relay process's row in <table>_listeners: every relay that changes its row then recomputes the producers' answer (listener_answer) in the next statement, on a snapshot taken after the previous relay's change committed, so two relays changing state at once cannot leave a stale answer.
+SELECT 1 FROM {q_settings} FOR UPDATE;
+
 -- listener_set --
--- Record whether this relay process is idle (every worker found nothing and waits for a wake-up) or working, valid for %(ttl)s by the database clock: the producers' insert trigger notifies only while every live row is idle (migration 0007).
+-- Record whether this relay process is idle (every worker found nothing and waits for a wake-up) or working, valid for %(ttl)s by the database clock. After listener_turn; listener_answer follows.
 INSERT INTO {q_listeners} AS l (owner, idle, expires_at)
 VALUES (%(owner)s, %(idle)s, now() + %(ttl)s)
 ON CONFLICT (owner) DO UPDATE
    SET idle = excluded.idle, expires_at = excluded.expires_at;
 
 -- listener_drop --
--- Remove this relay process's row (it stops, or lost its LISTEN connection): it is no longer there to be woken, and no longer working.
+-- Remove this relay process's row (it stops, or lost its LISTEN connection): it is no longer there to be woken, and no longer working. After listener_turn; listener_answer follows.
 DELETE FROM {q_listeners} WHERE owner = %(owner)s;
 
 -- listener_sweep --
--- Remove rows that expired a while ago (relay processes that were killed), so the producers' check keeps reading a table of live relays only.
+-- Remove rows that expired a while ago (relay processes that were killed), so the table holds live relays only. After listener_turn; listener_answer follows.
 DELETE FROM {q_listeners} WHERE expires_at < now() - interval '1 minute';
+
+-- listener_answer --
+-- The producers' answer, read by their insert trigger from the settings row (migration 0008): notify until wake_until, which is the earliest expiry of the live rows while every one of them is idle, and NULL (do not notify) while one works or none is live.
+UPDATE {q_settings}
+   SET wake_until = (SELECT CASE WHEN bool_and(l.idle) THEN min(l.expires_at) END
+                       FROM {q_listeners} AS l
+                      WHERE l.expires_at > now());
 
 -- settings_read --
 -- The outbox's shared settings (ordering map, wake-ups), which relay start runs by and relay status and relay settings show print.

@@ -11,7 +11,7 @@ from psycopg import sql
 from adapters.memory import InMemoryPublisher, Script
 from relay.backoff import Backoff
 from relay.decide import Policy
-from relay.sqlfiles import migrations
+from relay.sqlfiles import migrations, named_queries
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.worker import Worker, WorkerConfig
@@ -68,3 +68,21 @@ def create_outbox_at(conn: psycopg.Connection[Any], names: OutboxNames, version:
         if number <= version:
             conn.execute(names.render(text))
             conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(ledger), (number, name))
+
+
+def record_listeners(conn: psycopg.Connection[Any], names: OutboxNames, rows: list[tuple[str, bool, str]]) -> None:
+    """Make <table>_listeners hold exactly ``rows``, as relay processes write them:
+    ``(owner, idle, valid for)``, a negative interval for a killed relay's lapsed row. The
+    producers' answer in the settings row is recomputed from them by the relays' own
+    statements (sql/queries.sql)."""
+    queries = named_queries()
+    table = sql.Identifier(names.schema, f"{names.table}_listeners")
+    with conn.transaction():
+        conn.execute(names.render(queries["listener_turn"]))
+        conn.execute(sql.SQL("DELETE FROM {}").format(table))
+        for owner, idle, valid in rows:
+            conn.execute(
+                sql.SQL("INSERT INTO {} (owner, idle, expires_at) VALUES (%s, %s, now() + %s::interval)").format(table),
+                (owner, idle, valid),
+            )
+        conn.execute(names.render(queries["listener_answer"]))

@@ -32,6 +32,7 @@ from relay.shared_settings import (
 from relay.sqlnames import OutboxNames
 from tests.cli_proc import relay_env, run_relay, start_relay
 from tests.conftest import Db
+from tests.helpers import record_listeners
 from tests.test_ops_helpers import assert_one_line_error, relay_json, target
 from tests.test_runner import settings_for, wait_until
 
@@ -140,11 +141,7 @@ async def test_a_relay_does_not_listen_while_the_stored_notify_is_off(
         await update_settings(conn, names, SettingsUpdate(notify=False))
         # An idle relay, as its row says (relay.wakeup.Presence): even so the producers'
         # trigger sends nothing now.
-        await conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (owner, idle, expires_at) VALUES ('elsewhere:1', true, now() + interval '1 hour')"
-            ).format(sql.Identifier(names.schema, f"{names.table}_listeners"))
-        )
+        record_listeners(db.conn, names, [("elsewhere:1", True, "1 hour")])
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"{names.schema}.{names.table}")))
         db.insert([("a", "E", {})])
         assert [n async for n in conn.notifies(timeout=0.5)] == []
@@ -152,7 +149,7 @@ async def test_a_relay_does_not_listen_while_the_stored_notify_is_off(
         db.insert([("a", "E", {})])
         assert len([n async for n in conn.notifies(timeout=2, stop_after=1)]) == 1
         await update_settings(conn, names, SettingsUpdate(notify=False))
-        await conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(names.schema, f"{names.table}_listeners")))
+        record_listeners(db.conn, names, [])
     caplog.set_level(logging.INFO, logger="relay.runner")
     publisher, stop = InMemoryPublisher(), asyncio.Event()
     # Told to notify, but nobody sends wake-ups: it polls, and warns.

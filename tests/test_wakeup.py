@@ -23,9 +23,11 @@ from relay.ordering import OrderingMap
 from relay.runner import run_relay
 from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
+from relay.store import OutboxStore
 from relay.wakeup import LISTENER_TTL
 from tests.cli_proc import RELAY, relay_env
 from tests.conftest import Db
+from tests.helpers import record_listeners
 from tests.test_runner import settings_for, wait_until
 
 
@@ -299,12 +301,60 @@ def _mark_waiting(db: Db) -> bool:
 async def test_producers_notify_only_while_every_live_relay_is_idle(
     pg_dsn: str, names: OutboxNames, db: Db, rows: list[tuple[str, bool, str]], notifies: bool
 ) -> None:
-    table = sql.Identifier(names.schema, f"{names.table}_listeners")
-    for owner, idle, expires in rows:
-        db.conn.execute(
-            sql.SQL("INSERT INTO {} (owner, idle, expires_at) VALUES (%s, %s, now() + %s::interval)").format(table),
-            (owner, idle, expires),
-        )
+    record_listeners(db.conn, names, rows)
     async with listening(pg_dsn, names) as channel:
         db.insert([("a", "E", {}), ("b", "E", {})])  # one transaction
         assert await heard(channel, 1) == (1 if notifies else 0)
+
+
+async def test_two_relays_changing_state_at_once_leave_the_answer_their_rows_give(
+    pg_dsn: str, names: OutboxNames, db: Db, store: OutboxStore
+) -> None:
+    """Relay A goes from idle to working while relay B goes from working to idle: the
+    answer the producers read must end as "do not notify" (A works). Each relay recomputes
+    it from the rows; computed on a snapshot from before the other's change committed, B
+    would still see A idle and leave "notify" behind.
+
+    The race is held open for real: the test holds the settings row's lock, A's change
+    queues on it first and B's behind it, then the lock goes."""
+    record_listeners(db.conn, names, [("a:1", True, "1 hour"), ("b:1", False, "1 hour")])
+    settings_table = sql.Identifier(names.schema, f"{names.table}_settings")
+    hour = timedelta(hours=1)
+    with psycopg.connect(pg_dsn, autocommit=True) as holder:
+        with holder.transaction():
+            holder.execute(sql.SQL("SELECT 1 FROM {} FOR UPDATE").format(settings_table))
+            a = asyncio.create_task(store.set_listener("a:1", idle=False, ttl=hour))
+            await until(lambda: _waiting_on_settings(db) == 1, what="A's change waiting for the lock")
+            b = asyncio.create_task(store.set_listener("b:1", idle=True, ttl=hour))
+            await until(lambda: _waiting_on_settings(db) == 2, what="B's change waiting behind A's")
+        await asyncio.gather(a, b)
+    assert live_states(db) == [False, True]
+    async with listening(pg_dsn, names) as channel:
+        db.insert([("x", "E", {})])
+        assert await heard(channel, 1) == 0
+    await store.set_listener("a:1", idle=True, ttl=hour)  # now both idle: the producers notify
+    async with listening(pg_dsn, names) as channel:
+        db.insert([("x", "E", {})])
+        assert await heard(channel, 2, stop_after=1) == 1
+
+
+async def test_the_answer_runs_out_with_a_killed_idle_relays_row(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+    """Nobody recomputes the answer for a relay that was killed while idle: it must lapse
+    by itself when that relay's row does, or its producers would go on notifying nobody."""
+    record_listeners(db.conn, names, [("gone:1", True, "1 second")])
+    async with listening(pg_dsn, names) as channel:
+        db.insert([("a", "E", {})])
+        assert await heard(channel, 2, stop_after=1) == 1
+        await asyncio.sleep(1.2)
+        db.insert([("a", "E", {})])
+        assert await heard(channel, 1) == 0
+
+
+def _waiting_on_settings(db: Db) -> int:
+    cur = db.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND query LIKE %s",
+        (f'%"{db.names.table}_settings"%',),
+    )
+    row = cur.fetchone()
+    return int(row[0]) if row else 0
