@@ -1,0 +1,102 @@
+"""`relay migrate` from migration 0007 to 0008 (cheaper inserts), in place: the wake-up
+answer carried over from the relays' rows, and the relay's rules on every row still
+enforced by the one constraint that replaced three."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from relay.migrate import migrate
+from relay.sqlnames import OutboxNames
+from tests.helpers import create_outbox_at
+
+
+@pytest.fixture
+def old_names(pg_dsn: str) -> Iterator[OutboxNames]:
+    """An outbox at migration 0007, as the release before 0008 left it."""
+    names = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="outbox")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        create_outbox_at(conn, names, 7)
+    yield names
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
+
+
+@pytest.fixture
+async def listener(pg_dsn: str, old_names: OutboxNames) -> AsyncIterator[psycopg.AsyncConnection[object]]:
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(old_names.qualified)))
+        yield conn
+
+
+def _t(names: OutboxNames, suffix: str = "") -> sql.Identifier:
+    return sql.Identifier(names.schema, names.table + suffix)
+
+
+def _insert(conn: psycopg.Connection[object], names: OutboxNames) -> int:
+    row = conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) VALUES ('o', 'a', 'E', '{{}}')"
+            " RETURNING id"
+        ).format(_t(names))
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def _migrate(pg_dsn: str, names: OutboxNames) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        result = await migrate(conn, names)
+    assert result.applied == ["0008_cheap_inserts"]
+
+
+@pytest.mark.parametrize(("idle", "notifies"), [(True, 1), (False, 0)])
+async def test_the_upgrade_carries_the_relays_state_over_to_the_producers_answer(
+    pg_dsn: str, old_names: OutboxNames, listener: psycopg.AsyncConnection[object], idle: bool, notifies: int
+) -> None:
+    """A relay of this version that is running while the migration runs keeps its row;
+    the producers' answer starts from it, not from nothing."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("INSERT INTO {} (owner, idle, expires_at) VALUES ('r:1', %s, now() + interval '1 hour')").format(
+                _t(old_names, "_listeners")
+            ),
+            (idle,),
+        )
+        await _migrate(pg_dsn, old_names)
+        _insert(conn, old_names)
+    assert len([n async for n in listener.notifies(timeout=1, stop_after=1)]) == notifies
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "SET status = 'sent'",  # not a status
+        "SET attempts = -1",
+        "SET status = 'processing'",  # a lease exactly while processing
+        "SET lease_until = now()",
+    ],
+)
+async def test_the_relays_rules_still_hold_on_rows_old_and_new(
+    pg_dsn: str, old_names: OutboxNames, change: str
+) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        old = _insert(conn, old_names)
+        await _migrate(pg_dsn, old_names)
+        new = _insert(conn, old_names)
+        for row in (old, new):
+            with pytest.raises(psycopg.errors.CheckViolation) as refused:
+                conn.execute(sql.SQL("UPDATE {} {} WHERE id = %s").format(_t(old_names), sql.SQL(change)), (row,))
+            assert refused.value.diag.constraint_name == "outbox_row_check"
+        # A relay's own claim still passes: processing with a lease.
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET status = 'processing', lease_until = now() + interval '1 minute' WHERE id = %s"
+            ).format(_t(old_names)),
+            (new,),
+        )
