@@ -81,6 +81,15 @@ class EventTypeStatus:
 
 
 @dataclass(frozen=True)
+class WakeupStatus:
+    """Who producers would wake: relay processes listening, and whether they notify now."""
+
+    listening: int  # relay processes whose row in <table>_listeners has not expired
+    idle: int  # of those, the ones waiting for a wake-up
+    producers_notify: bool  # every one of them idle (and notify on): inserts send NOTIFY
+
+
+@dataclass(frozen=True)
 class Status:
     """Everything `relay status` shows."""
 
@@ -88,6 +97,7 @@ class Status:
     attempts: Mapping[int, int]  # attempts used so far -> messages awaiting delivery
     by_event_type: tuple[EventTypeStatus, ...] | None  # None unless asked for
     settings: SharedSettings | None = None  # the stored ordering map and notify
+    wakeups: WakeupStatus | None = None
 
 
 def _age(now: datetime, then: datetime | None) -> float | None:
@@ -131,7 +141,10 @@ async def read_status(conn: Conn, names: OutboxNames, *, by_event_type: bool = F
         cur = await conn.execute(ops_query(names, "status_by_event_type"))
         breakdown = _by_event_type(summary.at, await cur.fetchall())
     settings = await read_settings(conn, names)
-    return Status(summary=summary, attempts=attempts, by_event_type=breakdown, settings=settings)
+    cur = await conn.execute(ops_query(names, "status_wakeups"))
+    row = await cur.fetchone()
+    wakeups = WakeupStatus(int(row[0]), int(row[1]), bool(row[2])) if row else None
+    return Status(summary=summary, attempts=attempts, by_event_type=breakdown, settings=settings, wakeups=wakeups)
 
 
 def _by_event_type(now: datetime, rows: Sequence[tuple[Any, ...]]) -> tuple[EventTypeStatus, ...]:
@@ -246,9 +259,22 @@ def render_text(status: Status, names: OutboxNames, where: str) -> str:
             f" unordered {list(o.unordered)}",
             f"    notify    {'true' if status.settings.notify else 'false (producers send no wake-ups; relays poll)'}",
         ]
+    if status.wakeups is not None:
+        lines.append(f"  wake-ups       {_wakeups_text(status.wakeups)}")
     if status.by_event_type is not None:
         lines += ["", _event_type_table(status.by_event_type)]
     return "\n".join(lines)
+
+
+def _wakeups_text(w: WakeupStatus) -> str:
+    if not w.listening:
+        return "no relay listening (relays that run poll, or none runs)"
+    relays = f"{w.listening} relay process{'es' if w.listening != 1 else ''} listening, {w.idle} idle"
+    if w.producers_notify:
+        return f"{relays}: producers' inserts wake them"
+    if w.idle < w.listening:
+        return f"{relays}: producers send no wake-ups (a working relay claims new rows itself)"
+    return f"{relays}: producers send no wake-ups (notify is off)"
 
 
 def _event_type_table(rows: Sequence[EventTypeStatus]) -> str:

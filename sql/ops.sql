@@ -77,6 +77,13 @@ SELECT now() AS now,
        (SELECT pg_total_relation_size(rel.oid) FROM rel) AS total_bytes
   FROM unordered, ordered_pending, leased, dead, blocked;
 
+-- status_wakeups --
+-- The relay processes listening for wake-ups (their rows in <table>_listeners that have not expired), how many of them are idle, and whether producers notify now: the answer the relays keep in the settings row (migration 0008).
+SELECT count(*) FILTER (WHERE l.expires_at > now()) AS listening,
+       count(*) FILTER (WHERE l.expires_at > now() AND l.idle) AS idle,
+       coalesce((SELECT s.notify AND s.wake_until > now() FROM {q_settings} AS s), false) AS producers_notify
+  FROM {q_listeners} AS l;
+
 -- status_attempts --
 -- How many attempts the messages awaiting delivery (pending and processing) have used so far, as attempts -> count.
 SELECT u.attempts, count(*) AS n

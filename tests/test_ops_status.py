@@ -23,10 +23,11 @@ from relay.message import Decision
 from relay.ordering import OrderingMap
 from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
-from relay.status import attempt_histogram, ops_query, read_status
+from relay.status import WakeupStatus, attempt_histogram, ops_query, read_status
 from relay.store import OutboxStore
 from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
+from tests.helpers import record_listeners
 from tests.test_ops_helpers import Scene, assert_one_line_error, build_scene, claim_until, ingest, relay_json, target
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
@@ -261,3 +262,33 @@ def test_status_bad_input(pg_dsn: str, db: Db) -> None:
     assert_one_line_error(run_relay("status", *target(pg_dsn, db), "--interval", "0s"), "invalid --interval")
     assert_one_line_error(run_relay("status"), "no database given")
     assert_one_line_error(run_relay("status", "--dsn", pg_dsn, "--table", "Bad-Name"), "invalid table name")
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected", "text"),
+    [
+        ([], WakeupStatus(0, 0, False), "no relay listening"),
+        ([("r:1", True, "1 hour"), ("r:2", True, "1 hour")], WakeupStatus(2, 2, True), "producers' inserts wake them"),
+        (
+            [("r:1", True, "1 hour"), ("r:2", False, "1 hour"), ("gone:1", False, "-1 minute")],
+            WakeupStatus(2, 1, False),
+            "producers send no wake-ups (a working relay",
+        ),
+    ],
+)
+async def test_status_shows_who_producers_would_wake(
+    pg_dsn: str, db: Db, rows: list[tuple[str, bool, str]], expected: WakeupStatus, text: str
+) -> None:
+    record_listeners(db.conn, db.names, rows)
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        status = await read_status(conn, db.names)
+    assert status.wakeups == expected
+    proc = run_relay("status", *target(pg_dsn, db))
+    assert proc.returncode == 0, proc.stderr
+    assert f"wake-ups       {expected.listening}" in proc.stdout or not expected.listening
+    assert text in proc.stdout
+    assert relay_json("status", *target(pg_dsn, db))["wakeups"] == {
+        "listening": expected.listening,
+        "idle": expected.idle,
+        "producers_notify": expected.producers_notify,
+    }
