@@ -178,6 +178,79 @@ def pgbench(dsn: str, script: Path, clients: int, seconds: float) -> Sample:
     return Sample(float(match.group(1)), cpu[0] if cpu else float("nan"))
 
 
+# -- what each part costs: one session, no network, no fsync ------------------------
+
+# Each part of the relay schema taken away on its own, from the full schema with a relay
+# working; the plain table last. ``{t}`` is the outbox, ``{s}`` its schema.
+PARTS: tuple[tuple[str, str | None], ...] = (
+    ("relay schema, a relay working (all parts)", ""),
+    ("  without the commit stamp trigger", "ALTER TABLE {t} DISABLE TRIGGER outbox_stamp"),
+    ("  without the routing trigger", "ALTER TABLE {t} DISABLE TRIGGER outbox_route"),
+    ("  without both triggers", "ALTER TABLE {t} DISABLE TRIGGER outbox_stamp, DISABLE TRIGGER outbox_route"),
+    (
+        "  without the CHECK constraints",
+        "ALTER TABLE {t} DROP CONSTRAINT outbox_status_check, DROP CONSTRAINT outbox_attempts_check,"
+        " DROP CONSTRAINT outbox_lease_check, DROP CONSTRAINT outbox_aggregate_id_length",
+    ),
+    ("  without the xid column's default", "ALTER TABLE {t} ALTER COLUMN xid SET DEFAULT '0'"),
+    ("  without the index outbox_fresh_idx", "DROP INDEX {s}.outbox_fresh_idx"),
+    (
+        "  without the 5 indexes an insert does not write",
+        "DROP INDEX {s}.outbox_aggregate_seq_idx, {s}.outbox_dead_idx, {s}.outbox_leased_idx,"
+        " {s}.outbox_one_in_flight_idx, {s}.outbox_unordered_ready_idx",
+    ),
+    ("plain table", None),
+)
+
+PROCEDURE = """CREATE PROCEDURE {s}.bench_insert(n int) LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 1..n LOOP
+        INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload)
+        VALUES ('order', 'order-' || (i % 1000), 'OrderPaid',
+                '{{"order_id": 42, "amount": "19.90", "currency": "EUR", "note": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}');
+        COMMIT;
+    END LOOP;
+END $$"""
+
+
+def parts(dsn: str, rounds: int, transactions: int) -> list[tuple[str, float]]:
+    """Backend CPU per single-row transaction for each variant of PARTS, least of ``rounds``:
+    a procedure commits after every insert inside one backend, with synchronous_commit off,
+    so only the server's own work per transaction is counted."""
+    best: dict[str, float] = {}
+    ident = {"s": sql.Identifier(SCHEMA), "t": sql.Identifier(SCHEMA, "outbox")}
+    for _ in range(rounds):
+        for label, change in PARTS:
+            setup(dsn, PLAIN if change is None else VARIANTS[2])
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                if change:
+                    conn.execute(sql.SQL(change).format(**ident))
+                conn.execute(sql.SQL(PROCEDURE).format(**ident))
+                conn.execute("SET synchronous_commit = off")
+                conn.execute(sql.SQL("CALL {}.bench_insert(200)").format(ident["s"]))  # warm caches
+                row = conn.execute("SELECT pg_backend_pid()").fetchone()
+                assert row is not None
+                before = _cpu_seconds(row[0])
+                conn.execute(sql.SQL("CALL {}.bench_insert(%s)").format(ident["s"]), (transactions,))
+                us = (_cpu_seconds(row[0]) - before) / transactions * 1e6
+            best[label] = min(us, best.get(label, us))
+            print(f"  {label.strip()}: {us:.1f} us", file=sys.stderr)
+    return list(best.items())
+
+
+def print_parts(results: list[tuple[str, float]], markdown: bool) -> None:
+    full = results[0][1]
+    print("\nserver CPU per single-row transaction, one session (least of the rounds); difference to all parts")
+    rows = [(label, f"{us:.1f} us", "" if i == 0 else f"{us - full:+.1f} us") for i, (label, us) in enumerate(results)]
+    if markdown:
+        print("| variant | CPU per transaction | difference |\n|---|---|---|")
+        for row in rows:
+            print(f"| {row[0].strip()} | {row[1]} | {row[2]} |")
+    else:
+        for row in rows:
+            print(f"  {row[0]:<52} {row[1]:>10}  {row[2]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn", default=os.environ.get("RELAY_BENCH_DSN", DEFAULT_DSN))
@@ -186,7 +259,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="2 s per measurement, one round")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--parts", action="store_true", help="only what each part of the schema costs (about 1 minute)")
     args = ap.parse_args()
+    if args.parts:
+        print_parts(
+            parts(args.dsn, rounds=1 if args.quick else 3, transactions=2000 if args.quick else 20000), args.markdown
+        )
+        with psycopg.connect(args.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+        return
     if shutil.which("pgbench") is None:
         raise SystemExit("bench_producer: pgbench is not installed (Debian: apt-get install postgresql-client)")
     if args.quick:

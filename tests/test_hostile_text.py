@@ -189,8 +189,9 @@ HOSTILE_SHAPES = {
 
 
 def _seconds(text: str) -> float:
+    """The best of five runs: a run that another process preempted says nothing about mask()."""
     best = float("inf")
-    for _ in range(3):
+    for _ in range(5):
         started = time.perf_counter()
         mask(text)
         best = min(best, time.perf_counter() - started)
@@ -204,8 +205,9 @@ def test_mask_is_linear_in_the_length_of_its_input(unit: str) -> None:
     small, large = unit * (125_000 // len(unit)), unit * (1_000_000 // len(unit))
     t_small, t_large = _seconds(small), _seconds(large)
     assert t_large < 1.0, f"1 MB took {t_large:.2f}s"
-    # Eight times the input: about eight times the time if linear, 64 times if quadratic.
-    assert t_large < 20 * t_small + 0.01, (t_small, t_large)
+    # Eight times the input: about eight times the time if linear, 64 times if quadratic
+    # (the bound leaves room for a loaded machine, where the longer run is preempted more).
+    assert t_large < 40 * t_small + 0.01, (t_small, t_large)
 
 
 # --- describing addresses without quoting them ----------------------------------------------

@@ -1,25 +1,21 @@
--- 0008: less work in every producer's INSERT.
+-- 0008: one less table read and one less trigger in every producer's INSERT.
 --
--- Measured per single-row transaction (server CPU of the producers' backends, 16 producers
--- on this 2-core machine; scripts/bench_producer.py and BENCHMARKS.md have the method):
--- the plain table of the design reference took about 160-170 us, the relay's schema up to
--- 0007 about 290-370 us. Three parts of that were not needed:
---
--- * The wake-up check was a trigger of its own (AFTER ... FOR EACH STATEMENT), which read
---   <table>_listeners on every INSERT statement: a second function call and a second
---   table read per transaction, on top of the routing trigger's read of <table>_settings.
---   From here on the relays keep the answer in the settings row (wake_until: notify while
---   now() is before it) and the routing trigger, which reads that row anyway, notifies.
--- * Three CHECK constraints (status, attempts, lease) were three expressions that
---   PostgreSQL prepares again for every INSERT statement; one constraint holding all
---   three rules costs one. The producers' own rule on aggregate_id keeps its constraint,
---   so its name still says what a producer did wrong.
+-- Up to 0007 the wake-up check was a trigger of its own (AFTER ... FOR EACH STATEMENT)
+-- that read <table>_listeners on every INSERT statement: a second function call and a
+-- second table read per producer transaction, on top of the routing trigger's read of
+-- <table>_settings. From here on the relays keep the answer in the settings row
+-- (wake_until: notify while now() is before it), and the routing trigger, which reads that
+-- row anyway, notifies. scripts/bench_producer.py measures what that saves (BENCHMARKS.md,
+-- "Cheaper inserts").
 --
 -- What stays, and why: the routing trigger (ordered or not, and the payload's size, which
 -- the claims' indexes and byte budget need on the row itself, so the claims never read
--- history), and the commit stamp of transactions that wrote ordered rows (one small
--- insert at COMMIT; without it, producers that do not lock an aggregate, or lock it after
--- inserting, would be numbered out of commit order: see 0004).
+-- history); the commit stamp of transactions that wrote ordered rows (one small insert at
+-- COMMIT; without it, producers that do not lock an aggregate, or lock it after
+-- inserting, would be numbered out of commit order: see 0004); and the CHECK constraints
+-- (about 5 us per producer transaction each, measured; merging them into one saved
+-- nothing measurable, since PostgreSQL prepares every expression node for each INSERT
+-- statement either way).
 
 -- ---- wake-ups: one answer in the settings row
 
@@ -58,18 +54,3 @@ $$;
 
 DROP TRIGGER {n_notify} ON {outbox};
 DROP FUNCTION {q_notify}();
-
--- ---- one CHECK constraint for the relay's own rules
-
--- NOT VALID: the rows there are satisfied the three constraints this one replaces, which
--- were validated; checking them again would read the whole table under this migration's
--- exclusive lock. New and changed rows are checked as before.
-ALTER TABLE {outbox}
-    DROP CONSTRAINT IF EXISTS {n_status_check},
-    DROP CONSTRAINT IF EXISTS {n_attempts_check},
-    DROP CONSTRAINT IF EXISTS {n_lease_check},
-    ADD CONSTRAINT {n_row_check} CHECK (
-        status IN ('pending', 'processing', 'done', 'dead')
-        AND attempts >= 0
-        AND (status = 'processing') = (lease_until IS NOT NULL)  -- a lease exactly while processing
-    ) NOT VALID;
