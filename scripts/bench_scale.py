@@ -269,6 +269,7 @@ class Sampler(threading.Thread):
 
 @dataclass
 class Result:
+    round: int
     leg: str
     processes: int
     rate: float
@@ -356,7 +357,9 @@ def fill_backlog(dsn: str, names: OutboxNames, events: list[Event], per_transact
         conn.execute(sql.SQL("ANALYZE {}").format(table))
 
 
-def run_once(args: argparse.Namespace, leg: str, processes: int, events: list[Event], exchange: str) -> Result:
+def run_once(
+    args: argparse.Namespace, round_no: int, leg: str, processes: int, events: list[Event], exchange: str
+) -> Result:
     names = OutboxNames(SCHEMA)
     reset_outbox(args.dsn, names)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
@@ -445,6 +448,7 @@ def run_once(args: argparse.Namespace, leg: str, processes: int, events: list[Ev
     }
     cpu["not ours"] = max(0.0, (after.machine - before.machine) - sum(cpu.values()))
     return Result(
+        round=round_no,
         leg=leg,
         processes=processes,
         rate=len(events) / seconds,
@@ -554,7 +558,9 @@ def summarize(results: list[Result], leg: str, markdown: bool) -> None:
             by_n.setdefault(r.processes, []).append(r)
     if not by_n:
         return
-    base = statistics.median(r.rate for r in by_n[min(by_n)])
+    # Each round's rate against the same round's 1-process run (back to back, under about
+    # the same load from others), then the median of those ratios.
+    base = {r.round: r.rate for r in by_n[min(by_n)]}
     header = [
         "processes x workers",
         "rate (median; rounds)",
@@ -562,10 +568,12 @@ def summarize(results: list[Result], leg: str, markdown: bool) -> None:
         "CPU s / 10k msgs: " + " / ".join(GROUPS),
         "machine busy (of 2 cores)",
         "busy relay sessions (of pool)",
+        "our CPU per msg -> 2-core ceiling",
         "top 3 of busy session samples",
+        "heavyweight lock waits",
         "top 3 statements (active samples)",
         "every ordered row numbered after",
-        "load avg (1 min)",
+        "load avg (1 min) at end of each run",
     ]
     rows = []
     for n, rs in sorted(by_n.items()):
@@ -579,15 +587,19 @@ def summarize(results: list[Result], leg: str, markdown: bool) -> None:
         samples = sum(r.samples for r in rs)
         busy = sum(states.values()) / samples if samples else 0.0
         ingest = [r.ingest_s for r in rs if r.ingest_s is not None]
+        ours = statistics.median(sum(r.cpu[g] for g in GROUPS if g != "not ours") / (r.rate * r.seconds) for r in rs)
+        locks = sum(v for k, v in states.items() if k.startswith("Lock:"))
         rows.append(
             [
                 f"{n} x {rs[0].sessions // n - 1}",
                 f"{rate:,.0f}/s (" + ", ".join(f"{r.rate:,.0f}" for r in rs) + ")",
-                f"{rate / base:.2f}x",
+                f"{statistics.median(r.rate / base[r.round] for r in rs if r.round in base):.2f}x",
                 " / ".join(f"{v:.2f}" for v in per10k),
                 f"{statistics.median(r.machine_cores for r in rs):.2f}",
                 f"{busy:.1f} of {rs[0].sessions}",
+                f"{ours * 1e6:.0f} µs -> {2 / ours:,.0f}/s",
                 top(states, 3),
+                f"{locks / max(1, sum(states.values())):.1%}",
                 top(statements, 3),
                 f"{statistics.median(ingest):.2f} s" if ingest else "—",
                 ", ".join(f"{r.load[0]:.1f}" for r in rs),
@@ -646,7 +658,7 @@ def main() -> None:
                     for n in order:
                         if leg == "rabbitmq":
                             purge()
-                        r = run_once(a, leg, n, events, exchange)
+                        r = run_once(a, round_no, leg, n, events, exchange)
                         if leg == "rabbitmq" and queued() < len(events):
                             raise SystemExit(f"rabbitmq x{n}: {queued()} of {len(events)} messages in the queue")
                         results.append(r)
