@@ -225,6 +225,7 @@ class Sampler(threading.Thread):
         self.known: dict[str, str] = {}
         self.states: Counter[str] = Counter()
         self.statements: Counter[str] = Counter()
+        self.locks: Counter[str] = Counter()  # heavyweight lock waits by statement
         self.samples = 0
         self.stop = threading.Event()
 
@@ -260,7 +261,10 @@ class Sampler(threading.Thread):
                         kind = f"{wtype}:{wevent}"
                     self.states[kind] += 1
                     if state == "active":  # idle in transaction shows the statement before the pause
-                        self.statements[self.statement(query or "")] += 1
+                        name = self.statement(query or "")
+                        self.statements[name] += 1
+                        if wtype == "Lock":
+                            self.locks[f"{wevent} in {name}"] += 1
                 time.sleep(SAMPLE_S)
 
 
@@ -278,6 +282,7 @@ class Result:
     machine_cores: float  # average cores busy on the whole machine
     states: Counter[str]
     statements: Counter[str]
+    locks: Counter[str]
     samples: int
     sessions: int
     ingest_s: float | None
@@ -458,6 +463,7 @@ def run_once(
         machine_cores=(after.machine - before.machine) / wall,
         states=sampler.states,
         statements=sampler.statements,
+        locks=sampler.locks,
         samples=sampler.samples,
         sessions=len(procs) * (args.workers + 1),
         ingest_s=ingest_s,
@@ -586,7 +592,9 @@ def summarize(results: list[Result], leg: str, markdown: bool) -> None:
         per10k = [statistics.median(r.cpu[g] / (r.rate * r.seconds) * 10_000 for r in rs) for g in GROUPS]
         states: Counter[str] = Counter()
         statements: Counter[str] = Counter()
+        lock_waits: Counter[str] = Counter()
         for r in rs:
+            lock_waits.update(r.locks)
             states.update({k: v for k, v in r.states.items() if k != "idle"})
             statements.update(r.statements)
         samples = sum(r.samples for r in rs)
@@ -605,10 +613,7 @@ def summarize(results: list[Result], leg: str, markdown: bool) -> None:
                 f"{busy:.1f} of {rs[0].sessions}",
                 f"{ours * 1e6:.0f} µs -> {2 / ours:,.0f}/s",
                 top(states, 3),
-                f"{locks / max(1, sum(states.values())):.1%}"
-                + (
-                    f" ({top(Counter({k: v for k, v in states.items() if k.startswith('Lock:')}), 2)})" if locks else ""
-                ),
+                f"{locks / max(1, sum(states.values())):.1%}" + (f" ({top(lock_waits, 2)})" if locks else ""),
                 top(statements, 3),
                 f"{statistics.median(ingest):.2f} s" if ingest else "—",
                 ", ".join(f"{r.load[0]:.1f}" for r in rs),
