@@ -33,8 +33,11 @@ checkpointer, background writer, postmaster), RabbitMQ, and the rest of the mach
 ("not ours": other users' sessions and programs, and this script's own probes), so the
 table says where the time goes as processes are added.
 
-Rounds alternate the order of the process counts (1, 2, 4 then 4, 2, 1); figures are
-medians over the rounds. The schema, exchange and queue are removed at the end.
+Rounds alternate the order of the process counts (1, 2, 4 then 4, 2, 1); rates are
+medians over the rounds, and "vs 1" the median of each round's ratio to that round's
+1-process run. A run whose relays log a warning (on a shared cluster, another suite may
+kill every 'outbox-relay' session) is run again, up to twice, and flagged if it stays
+disturbed. The schema, exchange and queue are removed at the end.
 """
 
 from __future__ import annotations
