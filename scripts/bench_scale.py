@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aio_pika.exceptions
 import psycopg
 from psycopg import sql
 
@@ -481,14 +482,22 @@ def run_once(
 
 
 @contextmanager
-def rabbit_topology(url: str) -> Iterator[tuple[str, Callable[[], None], Callable[[], int]]]:
+def rabbit_topology(url: str, wanted: bool) -> Iterator[tuple[str, Callable[[], None], Callable[[], int]]]:
     """A direct exchange and one durable queue bound to every event type; yields the
     exchange name, a purge function and a function counting the queue's messages."""
     tag = uuid.uuid4().hex[:8]
     name = f"bench-scale-{tag}"
 
     async def setup() -> None:
-        conn = await aio_pika.connect(url)
+        # The broker may be in the middle of another suite's restart: wait up to a minute.
+        for attempt in range(60):
+            try:
+                conn = await aio_pika.connect(url)
+                break
+            except aio_pika.exceptions.AMQPConnectionError:
+                if attempt == 59:
+                    raise
+                await asyncio.sleep(1)
         async with conn:
             ch = await conn.channel()
             exchange = await ch.declare_exchange(name, "direct", durable=True)
@@ -517,6 +526,9 @@ def rabbit_topology(url: str) -> Iterator[tuple[str, Callable[[], None], Callabl
             await ch.queue_delete(name)
             await ch.exchange_delete(name)
 
+    if not wanted:  # the database legs alone need no broker
+        yield name, lambda: None, lambda: 0
+        return
     asyncio.run(setup())
     try:
         yield name, lambda: asyncio.run(purge()), lambda: asyncio.run(count())
@@ -668,7 +680,7 @@ def main() -> None:
     )
     results: list[Result] = []
     try:
-        with rabbit_topology(a.amqp_url) as (exchange, purge, queued):
+        with rabbit_topology(a.amqp_url, "rabbitmq" in legs) as (exchange, purge, queued):
             for round_no in range(1, a.rounds + 1):
                 order = a.processes if round_no % 2 else list(reversed(a.processes))
                 for leg in legs:
