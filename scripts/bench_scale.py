@@ -488,16 +488,18 @@ def rabbit_topology(url: str, wanted: bool) -> Iterator[tuple[str, Callable[[], 
     tag = uuid.uuid4().hex[:8]
     name = f"bench-scale-{tag}"
 
-    async def setup() -> None:
+    async def connect() -> Any:
         # The broker may be in the middle of another suite's restart: wait up to a minute.
         for attempt in range(60):
             try:
-                conn = await aio_pika.connect(url)
-                break
+                return await aio_pika.connect(url)
             except aio_pika.exceptions.AMQPConnectionError:
                 if attempt == 59:
                     raise
                 await asyncio.sleep(1)
+
+    async def setup() -> None:
+        conn = await connect()
         async with conn:
             ch = await conn.channel()
             exchange = await ch.declare_exchange(name, "direct", durable=True)
@@ -506,21 +508,21 @@ def rabbit_topology(url: str, wanted: bool) -> Iterator[tuple[str, Callable[[], 
                 await queue.bind(exchange, event_type)
 
     async def purge() -> None:
-        conn = await aio_pika.connect(url)
+        conn = await connect()
         async with conn:
             ch = await conn.channel()
             queue = await ch.get_queue(name, ensure=False)
             await queue.purge()
 
     async def count() -> int:
-        conn = await aio_pika.connect(url)
+        conn = await connect()
         async with conn:
             ch = await conn.channel()
             queue = await ch.declare_queue(name, passive=True)
             return int(queue.declaration_result.message_count or 0)
 
     async def teardown() -> None:
-        conn = await aio_pika.connect(url)
+        conn = await connect()
         async with conn:
             ch = await conn.channel()
             await ch.queue_delete(name)
