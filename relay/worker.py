@@ -60,7 +60,11 @@ class WorkerConfig:
 # Why rows went back unpublished (last_error; the attempt is refunded in each case).
 RELEASED_AT_SHUTDOWN = "released unpublished at shutdown"
 RELEASED_BROKER_REFUSED = "released unpublished: the broker refused a batch, claims pause"
-LEASE_RAN_OUT = "released unpublished: the lease ran out before the publish could start"
+LEASE_RAN_OUT = "released unpublished: too little of its lease was left to publish"
+# A batch claimed ahead is published only while at least this share of its publish
+# deadline is left in its lease (Worker._deadline). With the defaults (60 s lease, 20 s
+# publish timeout) it always has the whole deadline: it waits one publish at most.
+MIN_DEADLINE_SHARE = 0.5
 
 
 @dataclass
@@ -72,6 +76,7 @@ class Batch:
     # after that, is counted from here (a conservative start).
     claimed_at: float
     probe: bool = False
+    ahead: bool = False  # claimed while the batch before it published
     oversize: bool = False  # holds the process's oversize turn until it is finalized
 
     @property
@@ -373,7 +378,7 @@ class Worker:
             if probe:
                 self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
             raise
-        batch = Batch(claim.messages, claimed_at=started, probe=probe)
+        batch = Batch(claim.messages, claimed_at=started, probe=probe, ahead=budget is not None)
         if oversize:
             if batch.payload_bytes > self.config.batch_bytes:
                 batch.oversize = True  # the turn stays with the batch until it is finalized
@@ -403,14 +408,14 @@ class Worker:
     async def _publish_batch(self, batch: Batch) -> list[Decision]:
         """Publish ``batch`` and decide each message's outcome; the breaker hears the verdict."""
         messages = batch.messages
-        outcomes = await self._publish(messages, batch.claimed_at)
-        if outcomes is None:
-            # Its lease ran out before the publish could start (a batch claimed ahead that
-            # waited behind a slow publish): not tried, so handed back with its attempt
-            # refunded. A probe that sent nothing proves nothing: the breaker stays open.
+        timeout = self._deadline(batch)
+        if timeout is None:
+            # Not tried, so handed back with its attempt refunded. A probe that sent
+            # nothing proves nothing: the breaker stays open.
             if batch.probe:
                 self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
             return [Decision.released(m, LEASE_RAN_OUT) for m in messages]
+        outcomes = await self._publish(messages, timeout)
         unavailable = [o for o in outcomes if isinstance(o, BrokerUnavailable)]
         refused_all = len(unavailable) == len(outcomes)
         if refused_all or batch.probe or self.breaker.is_open:
@@ -440,22 +445,31 @@ class Worker:
             else:
                 log.info("lease expired; message returned to pending", extra=fields)
 
-    async def _publish(self, messages: Sequence[OutboxMessage], claimed_at: float) -> list[Outcome] | None:
-        """Publish within the publish timeout, and in any case before the lease runs out:
-        a publish still running when its lease expires could land after the new owner's.
-        The lease counts from ``claimed_at``, when its claim was sent (for a batch claimed
-        ahead, while the one before it published). None: no time was left to start."""
-        lease_left = self.config.lease - self.config.lease_margin - timedelta(seconds=time.monotonic() - claimed_at)
-        timeout = min(self.config.publish_timeout, lease_left).total_seconds()
-        if timeout <= 0:
+    def _deadline(self, batch: Batch) -> float | None:
+        """Seconds ``batch`` may publish for: the publish timeout, and in any case no longer
+        than its lease lasts (with the margin), counted from its own claim: a publish still
+        running when its lease expires could land after the new owner's.
+
+        None: do not start. No time is left; or the batch was claimed ahead and has less
+        than half of the time an unpipelined batch would get (it waited behind a slow
+        publish): it would likely time out, a duplicate and an attempt spent, where a
+        fresh claim of its rows gets the whole deadline."""
+        usable = self.config.lease - self.config.lease_margin
+        left = (usable - timedelta(seconds=time.monotonic() - batch.claimed_at)).total_seconds()
+        full = min(self.config.publish_timeout, usable).total_seconds()
+        if left <= 0 or (batch.ahead and left < full * MIN_DEADLINE_SHARE):
             return None
+        return min(full, left)
+
+    async def _publish(self, messages: Sequence[OutboxMessage], deadline_s: float) -> list[Outcome]:
+        """Publish within ``deadline_s`` seconds; one outcome per message, whatever happens."""
         started = time.monotonic()
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(deadline_s):
                 outcomes = list(await self.publisher.publish(messages))
         except TimeoutError:
             # The broker may or may not have them: retry (consumers de-duplicate by id).
-            error = RetryableError(f"{TIMEOUT_PREFIX} after {timeout:g}s")
+            error = RetryableError(f"{TIMEOUT_PREFIX} after {deadline_s:g}s")
             return [error] * len(messages)
         except Exception as exc:  # the adapter raised for the whole batch
             return [exc] * len(messages)
