@@ -21,6 +21,9 @@ behind a direct exchange, on confirm channels:
   (PostgreSQL claim, publish with confirms, fenced finalize: the whole path);
 - relay, unpipelined (``--compare-unpipelined``): the same with ``--no-pipeline``, in the
   same round, so the two dispatch loops are compared under the same load.
+- baseline relay (``--baseline-relay PATH``): another checkout's ``relay`` executable (say,
+  the branch's base in a venv of its own), also in every round: before and after a change
+  under the same load.
 
 Each relay line also says where the CPU went while it ran: the relay process, every
 PostgreSQL process, RabbitMQ (its beam.smp, when this user may read it), and the rest of
@@ -303,13 +306,19 @@ def cpu_note(seconds: float, relay: float, postgres: float, rabbit: float, machi
 
 
 def relay_run(
-    args: argparse.Namespace, names: OutboxNames, exchange: str, n: int, ordered: bool, extra: tuple[str, ...] = ()
+    args: argparse.Namespace,
+    names: OutboxNames,
+    exchange: str,
+    n: int,
+    ordered: bool,
+    extra: tuple[str, ...] = (),
+    binary: tuple[str, ...] = (),
 ) -> tuple[float, str]:
     """Seconds from the first row leaving 'pending' to every row 'done', and where the CPU went."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     log_path = Path(tempfile.gettempdir()) / "relay-bench-rabbitmq.log"
     command = [
-        *relay_bin(), "start", "--dsn", args.dsn, "--schema", names.schema,
+        *(binary or relay_bin()), "start", "--dsn", args.dsn, "--schema", names.schema,
         "--broker", "rabbitmq", "--amqp-url", args.amqp_url, "--exchange", exchange,
         "--routing-key", "{event_type}",
         "--workers", str(args.workers), "--batch-size", str(args.batch_size), "--log-level", "warning",
@@ -365,8 +374,7 @@ async def bench(args: argparse.Namespace) -> float:
     ordering = OrderingMap(default_ordered=args.ordered)
     n = len(events)
     ratios, relay_rates, raw_rates = [], [], []
-    unpipelined_rates: list[float] = []
-    unpipelined_ratios: list[float] = []
+    others: dict[str, list[tuple[float, float]]] = {}  # variant: (rate, ratio) per round
     async with Topology(args.amqp_url) as topology:
         settings = RabbitSettings(
             url=args.amqp_url, exchange=topology.exchange, routing_key=RoutingKeyTemplate("{event_type}")
@@ -388,25 +396,25 @@ async def bench(args: argparse.Namespace) -> float:
                 idiomatic = max(raw[k] for k in raw if k[0] == "exchange")
                 await topology.purge()
                 adapter_rate = n / await adapter_run(settings, messages, args.workers, args.batch_size)
-                variants = [("relay", ())]
+                variants: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [("relay", (), ())]
                 if args.compare_unpipelined:
-                    variants.append(("relay --no-pipeline", ("--no-pipeline",)))
+                    variants.append(("relay --no-pipeline", ("--no-pipeline",), ()))
+                if args.baseline_relay:
+                    variants.append(("baseline relay", (), (args.baseline_relay,)))
                 notes = []
-                for label, extra in variants:
+                for label, extra, binary in variants:
                     await topology.purge()
                     await seed_outbox(args.dsn, names, events, ordering)
                     took, cpu = await asyncio.to_thread(
-                        relay_run, args, names, topology.exchange, n, args.ordered, extra
+                        relay_run, args, names, topology.exchange, n, args.ordered, extra, binary
                     )
                     delivered = await topology.count()
                     if delivered < n:
                         raise SystemExit(f"{label} run lost messages: {delivered} of {n} in the queue")
                     notes.append(f"{label} {n / took:,.0f} msg/s, ratio {n / took / raw[best]:.2f} ({cpu})")
+                    others.setdefault(label, []).append((n / took, n / took / raw[best]))
                     if label == "relay":
                         relay_rate = n / took
-                    else:
-                        unpipelined_rates.append(n / took)
-                        unpipelined_ratios.append(n / took / raw[best])
                 ratios.append(relay_rate / raw[best])
                 relay_rates.append(relay_rate)
                 raw_rates.append(raw[best])
@@ -429,11 +437,13 @@ async def bench(args: argparse.Namespace) -> float:
         f" relay {statistics.median(relay_rates):,.0f} msg/s, ratio {statistics.median(ratios):.2f}"
         f" (goal >= 0.90)"
     )
-    if unpipelined_rates:
-        print(
-            f"        relay --no-pipeline {statistics.median(unpipelined_rates):,.0f} msg/s,"
-            f" ratio {statistics.median(unpipelined_ratios):.2f}; load average {os.getloadavg()[0]:.2f} at the end"
-        )
+    for label, runs in others.items():
+        if label != "relay":
+            print(
+                f"        {label} {statistics.median(r for r, _ in runs):,.0f} msg/s,"
+                f" ratio {statistics.median(q for _, q in runs):.2f}"
+            )
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
     return statistics.median(ratios)
 
 
@@ -450,6 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ordered", action="store_true", help="route every event type through the ordered claim")
     p.add_argument(
         "--compare-unpipelined", action="store_true", help="also run the relay with --no-pipeline in every round"
+    )
+    p.add_argument(
+        "--baseline-relay",
+        metavar="PATH",
+        help="also run this `relay` executable (another checkout's, say) in every round, same outbox and queue",
     )
     args = p.parse_args(argv)
     print(f"python {platform.python_version()}, aio-pika {aio_pika.__version__}, {os.cpu_count()} CPUs", flush=True)
