@@ -298,11 +298,21 @@ def machine_busy_s() -> float:
     return (sum(values[:8]) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_note(seconds: float, relay: float, postgres: float, rabbit: float, machine: float) -> str:
-    """Where the CPU went during a run, in cores (CPU seconds per second of the run)."""
-    rest = max(machine - relay - postgres - rabbit, 0.0)
-    parts = [("relay", relay), ("postgres", postgres), ("rabbitmq", rabbit), ("other", rest)]
-    return "cpu " + ", ".join(f"{name} {used / seconds:.2f}" for name, used in parts) + " cores"
+def cpu_note(
+    seconds: float, n: int, sender: float, postgres: float, rabbit: float, machine: float, who: str = "relay"
+) -> str:
+    """Where the CPU went during a run: cores (CPU seconds per second of the run) and
+    microseconds per message. "other" is the rest of the machine: anyone else's work.
+    (A PostgreSQL backend that exits during the run takes its CPU time with it: postgres
+    can then read low, or below zero.)"""
+    rest = max(machine - sender - postgres - rabbit, 0.0)
+    parts = [(who, sender), ("postgres", postgres), ("rabbitmq", rabbit), ("other", rest)]
+    return "cpu " + ", ".join(f"{name} {used / seconds:.2f} ({used / n * 1e6:.0f} us/msg)" for name, used in parts)
+
+
+def cpu_now() -> tuple[float, float, float, float]:
+    """This process, PostgreSQL, RabbitMQ and the whole machine: CPU seconds so far."""
+    return time.process_time(), cpu_of("postgres"), cpu_of("beam.smp"), machine_busy_s()
 
 
 def relay_run(
@@ -356,7 +366,7 @@ def relay_run(
     if dead or code != 0:
         raise SystemExit(f"relay run not clean: {dead} dead, exit code {code}; see {log_path}")
     relay_cpu, pg_cpu, rabbit_cpu, machine = (b - a for a, b in zip(cpu0, cpu1, strict=True))
-    return took, cpu_note(took, relay_cpu, pg_cpu, rabbit_cpu, machine)
+    return took, cpu_note(took, n, relay_cpu, pg_cpu, rabbit_cpu, machine)
 
 
 def _fetch(conn: psycopg.Connection[Any], query: sql.Composed) -> tuple[Any, ...]:
@@ -384,12 +394,16 @@ async def bench(args: argparse.Namespace) -> float:
         try:
             for round_no in range(1, args.rounds + 1):
                 raw: dict[tuple[str, int], float] = {}
+                raw_cpu: dict[tuple[str, int], str] = {}
                 for style in RAW_STYLES:
                     for channels in RAW_CHANNELS:
                         await topology.purge()
+                        before = cpu_now()
                         took = await raw_run(
                             args.amqp_url, topology.exchange, envelopes, channels, args.batch_size, style
                         )
+                        used = [b - a for a, b in zip(before, cpu_now(), strict=True)]
+                        raw_cpu[style, channels] = cpu_note(took, n, *used, who="raw client")
                         raw[style, channels] = n / took
                         assert await topology.count() == n, "raw run lost messages"
                 best = max(raw, key=lambda k: raw[k])
@@ -425,7 +439,7 @@ async def bench(args: argparse.Namespace) -> float:
                     f" ({adapter_rate / raw[best]:.2f} of raw); relay {relay_rate:,.0f} msg/s"
                     f" ({args.workers} workers, batch {args.batch_size}); ratio {relay_rate / raw[best]:.2f}"
                     f" (vs Exchange.publish alone {relay_rate / idiomatic:.2f}); load average"
-                    f" {os.getloadavg()[0]:.2f}\n    " + "\n    ".join(notes),
+                    f" {os.getloadavg()[0]:.2f}\n    raw ({raw_cpu[best]})\n    " + "\n    ".join(notes),
                     flush=True,
                 )
         finally:
