@@ -254,6 +254,13 @@ START_OPTIONS: tuple[Option, ...] = (
         True,
         "Wake idle workers on insert with LISTEN/NOTIFY; turn off behind a transaction-mode pooler.",
     ),
+    Option(
+        "pipeline",
+        "bool",
+        True,
+        "Claim each worker's next batch while its current one publishes; --no-pipeline claims,"
+        " publishes and finalizes one after another.",
+    ),
     Option("max_attempts", "int", 12, "Claims a message gets before it goes to dead.", minimum=1, maximum=1000),
     Option(
         "backoff_base",
@@ -492,6 +499,7 @@ class RelaySettings:
             lease=lease,
             publish_timeout=publish_timeout,
             poll_interval=v["poll_interval"],
+            pipeline=v["pipeline"],
             policy=Policy(
                 max_attempts=v["max_attempts"],
                 backoff=Backoff(base=v["backoff_base"], cap=v["backoff_cap"]),

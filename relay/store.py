@@ -211,7 +211,8 @@ class OutboxStore:
         """
         if not decisions:
             return set()
-        async with self.pool.connection() as conn, conn.transaction():
+        # One statement in autocommit, atomic on its own: no BEGIN and COMMIT round trips.
+        async with self.pool.connection() as conn:
             # An error that the database's encoding cannot hold (a LATIN1 table and a "…")
             # must not fail the write of a whole batch's outcomes.
             encoding = server_encoding(conn)

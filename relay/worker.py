@@ -7,6 +7,7 @@ The loop never sees SQL (that is :mod:`relay.store`) nor SDK types (those stay i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -43,6 +44,9 @@ class WorkerConfig:
     publish_timeout: timedelta = timedelta(seconds=20)
     poll_interval: timedelta = timedelta(seconds=1)
     policy: Policy = field(default_factory=Policy)
+    # Claim the next batch while one publishes (Worker.run); off: claim, publish,
+    # finalize one after another.
+    pipeline: bool = True
     # Backoff for the worker itself after a database error, before it tries again.
     db_backoff: Backoff = field(default_factory=lambda: Backoff(timedelta(milliseconds=200), timedelta(seconds=10)))
 
@@ -51,6 +55,41 @@ class WorkerConfig:
         """How long before its lease expires a publish is abandoned: time for the finalize
         to land, and for the claim's own latency (the lease started at the database)."""
         return min(timedelta(seconds=2), self.lease / 10)
+
+
+# Why rows went back unpublished (last_error; the attempt is refunded in each case).
+RELEASED_AT_SHUTDOWN = "released unpublished at shutdown"
+RELEASED_BROKER_REFUSED = "released unpublished: the broker refused a batch, claims pause"
+LEASE_RAN_OUT = "released unpublished: too little of its lease was left to publish"
+# A batch claimed ahead is published only while at least this share of its publish
+# deadline is left in its lease (Worker._deadline). With the defaults (60 s lease, 20 s
+# publish timeout) it always has the whole deadline: it waits one publish at most.
+MIN_DEADLINE_SHARE = 0.5
+
+
+@dataclass
+class Batch:
+    """Rows one claim leased, in id order, to be published."""
+
+    messages: list[OutboxMessage]
+    # time.monotonic() when the claim was sent: the lease, which started at the database
+    # after that, is counted from here (a conservative start).
+    claimed_at: float
+    probe: bool = False
+    ahead: bool = False  # claimed while the batch before it published
+    oversize: bool = False  # holds the process's oversize turn until it is finalized
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(len(m.body) for m in self.messages)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A published batch's outcomes, not written yet."""
+
+    decisions: list[Decision] = field(default_factory=list)
+    oversize: bool = False  # the batch held the oversize turn: free it once written
 
 
 @dataclass
@@ -138,35 +177,85 @@ class Worker:
         self._ingest_behind = False  # the last ingest took a whole turn; run the next one at once
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Dispatch until ``stop`` is set; the batch in hand is finished first."""
+        """Dispatch until ``stop`` is set; the batch in hand is finished first.
+
+        Pipelined: while one batch publishes, a database step writes the outcomes of the
+        batch before it and then claims the next one (the *prefetch*), so the broker does
+        not wait for the database, nor the database for the broker. A worker holds one
+        pooled connection at a time (the step's, for its statements only: never while
+        waiting for a publish), and at most two batches: the one publishing and the one
+        claimed ahead, whose payloads together stay within ``batch_bytes``. Without a
+        prefetched batch (the first claim, an empty or refused prefetch, a breaker probe,
+        ``pipeline=False``) the loop is the plain claim, publish, finalize.
+        """
+        batch: Batch | None = None  # claimed, to be published next
+        pending = Finished()  # published, outcomes not written yet
         db_failures = 0
-        while not stop.is_set():
-            limit = await self.breaker.permit(stop)
-            if stop.is_set():
-                return
-            probe = limit is not None
-            # Before the claim, not before the sleep: a wake-up that arrives while the claim
-            # runs may be for a row it could not see yet, so the sleep must not swallow it.
-            self.wakeup.clear()
+        while True:
+            if batch is None:
+                # Nothing claimed ahead: write what is pending now (no publish to overlap
+                # it with), then claim as the unpipelined loop does.
+                with contextlib.suppress(psycopg.OperationalError):
+                    # Shielded: a cancellation (shutdown) must not lose the write that
+                    # records what the broker has. If the database stays away for a whole
+                    # lease, _finalize logs it and the rows return through their leases.
+                    await asyncio.shield(self._write(pending))
+                pending = Finished()
+                if stop.is_set():
+                    return
+                limit = await self.breaker.permit(stop)
+                if stop.is_set():
+                    return
+                probe = limit is not None
+                # Before the claim, not before the sleep: a wake-up that arrives while the
+                # claim runs may be for a row it could not see yet, so the sleep must not
+                # swallow it.
+                self.wakeup.clear()
+                try:
+                    batch, leased = await self._claim(limit=limit, probe=probe)
+                    if db_failures:
+                        log.info("database reachable again", extra={"worker": self.owner})
+                    db_failures = 0
+                except psycopg.OperationalError as exc:
+                    db_failures += 1
+                    delay = self.config.db_backoff.delay(db_failures).total_seconds()
+                    log.warning(
+                        "database error, retrying in %.1fs: %s", delay, first_line(exc), extra={"worker": self.owner}
+                    )
+                    await sleep_unless_stopped(stop, delay)
+                    continue
+                if not batch.messages:
+                    batch = None
+                    if leased == 0 and not probe and not self._ingest_behind:
+                        # Only an empty claim with nothing of ours in flight means "nothing
+                        # to do". A short batch does not: an ordered claim leases one head
+                        # per aggregate, and the next heads become ready the moment this
+                        # batch is finalized. Nor does an ingest that took a whole turn:
+                        # more committed rows wait to be numbered.
+                        await self._idle(stop)
+                    continue
+            ahead = self._prefetch_budget(batch, stop)
+            step = asyncio.create_task(self._write_then_claim(pending, ahead))
+            pending = Finished()
+            decisions: list[Decision] | None = None
             try:
-                claimed = await self.run_once(limit=limit, probe=probe)
-                if db_failures:
-                    log.info("database reachable again", extra={"worker": self.owner})
-                db_failures = 0
-            except psycopg.OperationalError as exc:
-                db_failures += 1
-                delay = self.config.db_backoff.delay(db_failures).total_seconds()
-                log.warning(
-                    "database error, retrying in %.1fs: %s", delay, first_line(exc), extra={"worker": self.owner}
-                )
-                await sleep_unless_stopped(stop, delay)
-                continue
-            if claimed == 0 and not probe and not self._ingest_behind:
-                # Only an empty claim means "nothing to do". A short batch does not: an
-                # ordered claim leases one head per aggregate, and the next heads become
-                # ready the moment this batch is finalized. Nor does an ingest that took
-                # a whole turn: more committed rows wait to be numbered.
-                await self._idle(stop)
+                decisions = await self._publish_batch(batch)
+                following = await asyncio.shield(step)
+            except asyncio.CancelledError:
+                # Shutdown past its grace period: hand back what was not published, and what
+                # was claimed ahead, attempts refunded, rather than leave the rows leased
+                # until their leases run out. A message the broker did get before the cancel
+                # is sent again: consumers de-duplicate by id.
+                await asyncio.shield(self._abandon(batch, decisions, step))
+                raise
+            if following is not None and (stop.is_set() or self.breaker.is_open):
+                # Stopping, or the broker has just refused a whole batch (ours or another
+                # worker's): the batch claimed ahead goes back unpublished, attempts refunded.
+                reason = RELEASED_AT_SHUTDOWN if stop.is_set() else RELEASED_BROKER_REFUSED
+                decisions += [Decision.released(m, reason) for m in following.messages]
+                following = None
+            pending = Finished(decisions, oversize=batch.oversize)
+            batch = following
 
     async def _idle(self, stop: asyncio.Event) -> None:
         """Sleep for the poll interval, or less if a wake-up or stop arrives."""
@@ -184,16 +273,85 @@ class Worker:
                 self.presence.awake(self.owner)
 
     async def run_once(self, *, limit: int | None = None, probe: bool = False) -> int:
-        """Claim one batch (at most ``limit`` rows), publish it, finalize it.
-        Returns how many rows were claimed."""
-        # Only the worker holding the process's turn may claim a message over the budget.
-        oversize = self.oversize.take(self.owner)
+        """Claim one batch (at most ``limit`` rows), publish it, finalize it: one turn of the
+        loop without a prefetch. Returns how many rows were claimed."""
+        batch, leased = await self._claim(limit=limit, probe=probe)
+        if not batch.messages:
+            return leased
         try:
-            return await self._run_once(limit, probe, oversize)
-        finally:
-            self.oversize.release(self.owner)
+            decisions = await self._publish_batch(batch)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._abandon(batch, None, None))
+            raise
+        # Shielded: once the broker has the messages, a cancellation (shutdown) must not
+        # lose the write that records it.
+        await asyncio.shield(self._write(Finished(decisions, oversize=batch.oversize)))
+        return leased
 
-    async def _run_once(self, limit: int | None, probe: bool, oversize: bool) -> int:
+    # ---- the steps of the loop
+
+    def _prefetch_budget(self, batch: Batch, stop: asyncio.Event) -> int | None:
+        """Payload bytes the next claim may lease while ``batch`` publishes, or None for no
+        prefetch. None while stopping, for a breaker probe (one small batch) and while the
+        breaker is open (claims would only move rows to 'processing' and back). The two
+        batches share the byte budget, so a worker holds no more payload than unpipelined;
+        a batch holding a message over the budget (the oversize turn) gets no company."""
+        if not self.config.pipeline or stop.is_set() or batch.probe or self.breaker.is_open:
+            return None
+        left = self.config.batch_bytes - batch.payload_bytes
+        return left if left > 0 else None
+
+    async def _write_then_claim(self, done: Finished, budget: int | None) -> Batch | None:
+        """The database step beside a publish: write the outcomes of the batch before, then
+        (with a ``budget``) claim the next batch, whose ordered heads may be the successors
+        that write has just made ready. Returns the batch claimed, if it holds messages.
+
+        A database error ends the step quietly: a write that could not land within its
+        lease was logged by :meth:`_finalize` (the rows return through their expired
+        leases), and a failed claim is the next unpipelined claim's to retry and report."""
+        try:
+            await self._write(done)
+            del done  # its bodies are not needed any more
+            if budget is None:
+                return None
+            batch, _ = await self._claim(budget=budget)
+        except psycopg.OperationalError as exc:
+            log.debug("database step failed: %s", first_line(exc), extra={"worker": self.owner})
+            return None
+        return batch if batch.messages else None
+
+    async def _abandon(
+        self, batch: Batch, decisions: list[Decision] | None, step: asyncio.Task[Batch | None] | None
+    ) -> None:
+        """Cancelled (shutdown past its grace): write ``decisions`` if ``batch`` was
+        published, else hand it back; let the database step finish and hand back what it
+        claimed. Attempts of rows handed back are refunded."""
+        if decisions is None:
+            if batch.probe:
+                self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
+            decisions = [Decision.released(m) for m in batch.messages]
+        following = await step if step is not None else None
+        if following is not None:
+            decisions += [Decision.released(m) for m in following.messages]
+        await self._write(Finished(decisions, oversize=batch.oversize))
+
+    async def _write(self, done: Finished) -> None:
+        """Write a published batch's outcomes; then its oversize turn (if it held it) is free."""
+        try:
+            if done.decisions:
+                await self._finalize(done.decisions)
+        finally:
+            if done.oversize:
+                self.oversize.release(self.owner)
+
+    async def _claim(
+        self, *, limit: int | None = None, probe: bool = False, budget: int | None = None
+    ) -> tuple[Batch, int]:
+        """Claim one batch: at most ``limit`` rows, and ``budget`` payload bytes if given (a
+        prefetch, which never takes a message over the budget) or else the configured
+        budget, a larger message alone if this worker gets the process's oversize turn.
+        Rows that cannot become messages go to dead at once. Returns the batch and how many
+        rows were leased, unreadable ones included."""
         started = time.monotonic()
         housekeeping = (
             not self._saturated or self._ingest_behind or started - self._last_housekeeping >= HOUSEKEEPING_INTERVAL_S
@@ -201,11 +359,13 @@ class Worker:
         if housekeeping:
             self._last_housekeeping = started
         batch_size = min(limit or self.config.batch_size, self.config.batch_size)
+        # Only the worker holding the process's turn may claim a message over the budget.
+        oversize = budget is None and self.oversize.take(self.owner)
         try:
             claim = await self.store.claim(
                 owner=self.owner,
                 batch=batch_size,
-                batch_bytes=self.config.batch_bytes,
+                batch_bytes=self.config.batch_bytes if budget is None else budget,
                 oversize=oversize,
                 lease=self.config.lease,
                 max_attempts=self.config.policy.max_attempts,
@@ -213,11 +373,17 @@ class Worker:
                 housekeeping=housekeeping,
             )
         except BaseException:
+            if oversize:
+                self.oversize.release(self.owner)
             if probe:
                 self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
             raise
-        if oversize and sum(len(m.body) for m in claim.messages) <= self.config.batch_bytes:
-            self.oversize.release(self.owner)  # not needed after all: another worker may have it
+        batch = Batch(claim.messages, claimed_at=started, probe=probe, ahead=budget is not None)
+        if oversize:
+            if batch.payload_bytes > self.config.batch_bytes:
+                batch.oversize = True  # the turn stays with the batch until it is finalized
+            else:
+                self.oversize.release(self.owner)  # not needed after all: another worker may have it
         self.metrics.observe_claim(time.monotonic() - started)
         self._ordered_first = not self._ordered_first
         leased = len(claim.messages) + len(claim.unreadable)
@@ -234,27 +400,27 @@ class Worker:
             for u in claim.unreadable:
                 self.metrics.failure(u.message.event_type, "permanent")
             await self._finalize([Decision.dead(u.message, u.reason) for u in claim.unreadable])
-        messages = claim.messages
-        if not messages:
-            if probe:  # nothing to probe with; try again after the next backoff
+        if not batch.messages and probe:  # nothing to probe with; try again after the next backoff
+            self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
+        self.stats.claimed += len(batch.messages)
+        return batch, leased
+
+    async def _publish_batch(self, batch: Batch) -> list[Decision]:
+        """Publish ``batch`` and decide each message's outcome; the breaker hears the verdict."""
+        messages = batch.messages
+        timeout = self._deadline(batch)
+        if timeout is None:
+            # Not tried, so handed back with its attempt refunded. A probe that sent
+            # nothing proves nothing: the breaker stays open.
+            if batch.probe:
                 self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
-            return leased
-        self.stats.claimed += len(messages)
-        try:
-            outcomes = await self._publish(messages, started)
-        except asyncio.CancelledError:
-            # Shutdown past its grace period: hand the rows back now, attempt refunded,
-            # rather than leave them leased until the lease runs out. A message the broker
-            # did get before the cancel is sent again: consumers de-duplicate by id.
-            if probe:
-                self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
-            await asyncio.shield(self._finalize([Decision.released(m) for m in messages]))
-            raise
+            return [Decision.released(m, LEASE_RAN_OUT) for m in messages]
+        outcomes = await self._publish(messages, timeout)
         unavailable = [o for o in outcomes if isinstance(o, BrokerUnavailable)]
         refused_all = len(unavailable) == len(outcomes)
-        if refused_all or probe or self.breaker.is_open:
+        if refused_all or batch.probe or self.breaker.is_open:
             self.breaker.record(
-                unavailable=refused_all, reason=describe(unavailable[0]) if unavailable else "", probe=probe
+                unavailable=refused_all, reason=describe(unavailable[0]) if unavailable else "", probe=batch.probe
             )
         # How long the outage has lasted sets how far its rows are pushed back.
         failures = max(1, self.breaker.failures)
@@ -265,10 +431,7 @@ class Worker:
             if o is not None:
                 self.metrics.failure(m.event_type, failure_class(o))
         _log_unclassified(outcomes)
-        # Shielded: once the broker has the messages, a cancellation (shutdown) must not
-        # lose the write that records it.
-        await asyncio.shield(self._finalize(decisions))
-        return leased
+        return decisions
 
     def _report_reaped(self, reaped: Sequence[Reaped]) -> None:
         for row in reaped:
@@ -282,20 +445,31 @@ class Worker:
             else:
                 log.info("lease expired; message returned to pending", extra=fields)
 
-    async def _publish(self, messages: Sequence[OutboxMessage], claimed_at: float) -> list[Outcome]:
-        """Publish within the publish timeout, and in any case before the lease runs out:
-        a publish still running when its lease expires could land after the new owner's."""
-        lease_left = self.config.lease - self.config.lease_margin - timedelta(seconds=time.monotonic() - claimed_at)
-        timeout = min(self.config.publish_timeout, lease_left).total_seconds()
-        if timeout <= 0:
-            return [RetryableError("the lease ran out before the publish could start")] * len(messages)
+    def _deadline(self, batch: Batch) -> float | None:
+        """Seconds ``batch`` may publish for: the publish timeout, and in any case no longer
+        than its lease lasts (with the margin), counted from its own claim: a publish still
+        running when its lease expires could land after the new owner's.
+
+        None: do not start. No time is left; or the batch was claimed ahead and has less
+        than half of the time an unpipelined batch would get (it waited behind a slow
+        publish): it would likely time out, a duplicate and an attempt spent, where a
+        fresh claim of its rows gets the whole deadline."""
+        usable = self.config.lease - self.config.lease_margin
+        left = (usable - timedelta(seconds=time.monotonic() - batch.claimed_at)).total_seconds()
+        full = min(self.config.publish_timeout, usable).total_seconds()
+        if left <= 0 or (batch.ahead and left < full * MIN_DEADLINE_SHARE):
+            return None
+        return min(full, left)
+
+    async def _publish(self, messages: Sequence[OutboxMessage], deadline_s: float) -> list[Outcome]:
+        """Publish within ``deadline_s`` seconds; one outcome per message, whatever happens."""
         started = time.monotonic()
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(deadline_s):
                 outcomes = list(await self.publisher.publish(messages))
         except TimeoutError:
             # The broker may or may not have them: retry (consumers de-duplicate by id).
-            error = RetryableError(f"{TIMEOUT_PREFIX} after {timeout:g}s")
+            error = RetryableError(f"{TIMEOUT_PREFIX} after {deadline_s:g}s")
             return [error] * len(messages)
         except Exception as exc:  # the adapter raised for the whole batch
             return [exc] * len(messages)

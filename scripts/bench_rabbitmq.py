@@ -18,7 +18,16 @@ behind a direct exchange, on confirm channels:
   than its own.
 - relay: ``relay start --broker rabbitmq`` as a subprocess draining an outbox pre-filled
   with those events, timed from the first row leaving 'pending' to every row 'done'
-  (PostgreSQL claim, publish with confirms, fenced finalize: the whole path).
+  (PostgreSQL claim, publish with confirms, fenced finalize: the whole path);
+- relay, unpipelined (``--compare-unpipelined``): the same with ``--no-pipeline``, in the
+  same round, so the two dispatch loops are compared under the same load.
+- baseline relay (``--baseline-relay PATH``): another checkout's ``relay`` executable (say,
+  the branch's base in a venv of its own), also in every round: before and after a change
+  under the same load.
+
+Each relay line also says where the CPU went while it ran: the relay process, every
+PostgreSQL process, RabbitMQ (its beam.smp, when this user may read it), and the rest of
+the machine (anyone else's work): the machine has only so many cores.
 
 Each round purges the queue first, so neither side pays for a longer queue. The script
 prints both rates, their ratio, and the median over the rounds. The goal is a ratio of at
@@ -261,16 +270,69 @@ async def seed_outbox(dsn: str, names: OutboxNames, events: list[Event], orderin
         conn.execute(sql.SQL("ANALYZE {}").format(table))
 
 
-def relay_run(args: argparse.Namespace, names: OutboxNames, exchange: str, n: int, ordered: bool) -> float:
-    """Seconds from the first row leaving 'pending' to every row 'done'."""
+def cpu_s(pid: int) -> float:
+    """User plus system CPU seconds a process has used so far (0 if it cannot be read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(command: str) -> float:
+    """CPU seconds used so far by every process named ``command`` (postgres, beam.smp)."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "comm").read_text().strip() == command:
+                    total += cpu_s(int(proc.name))
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue  # exited meanwhile
+    return total
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent not idle, since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(values[:8]) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_note(
+    seconds: float, n: int, sender: float, postgres: float, rabbit: float, machine: float, who: str = "relay"
+) -> str:
+    """Where the CPU went during a run: cores (CPU seconds per second of the run) and
+    microseconds per message. "other" is the rest of the machine: anyone else's work.
+    (A PostgreSQL backend that exits during the run takes its CPU time with it: postgres
+    can then read low, or below zero.)"""
+    rest = max(machine - sender - postgres - rabbit, 0.0)
+    parts = [(who, sender), ("postgres", postgres), ("rabbitmq", rabbit), ("other", rest)]
+    return "cpu " + ", ".join(f"{name} {used / seconds:.2f} ({used / n * 1e6:.0f} us/msg)" for name, used in parts)
+
+
+def cpu_now() -> tuple[float, float, float, float]:
+    """This process, PostgreSQL, RabbitMQ and the whole machine: CPU seconds so far."""
+    return time.process_time(), cpu_of("postgres"), cpu_of("beam.smp"), machine_busy_s()
+
+
+def relay_run(
+    args: argparse.Namespace,
+    names: OutboxNames,
+    exchange: str,
+    n: int,
+    ordered: bool,
+    extra: tuple[str, ...] = (),
+    binary: tuple[str, ...] = (),
+) -> tuple[float, str]:
+    """Seconds from the first row leaving 'pending' to every row 'done', and where the CPU went."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     log_path = Path(tempfile.gettempdir()) / "relay-bench-rabbitmq.log"
     command = [
-        *relay_bin(), "start", "--dsn", args.dsn, "--schema", names.schema,
+        *(binary or relay_bin()), "start", "--dsn", args.dsn, "--schema", names.schema,
         "--broker", "rabbitmq", "--amqp-url", args.amqp_url, "--exchange", exchange,
         "--routing-key", "{event_type}",
         "--workers", str(args.workers), "--batch-size", str(args.batch_size), "--log-level", "warning",
-        "--ordering-default", "ordered" if ordered else "unordered",
+        "--ordering-default", "ordered" if ordered else "unordered", *extra,
     ]  # fmt: skip
     table = sql.Identifier(names.schema, names.table)
     progress = sql.SQL(
@@ -288,6 +350,7 @@ def relay_run(args: argparse.Namespace, names: OutboxNames, exchange: str, n: in
                     raise SystemExit(f"relay exited: {log_path.read_text()[-2000:]}")
                 time.sleep(0.005)
             started = time.perf_counter()
+            cpu0 = (cpu_s(relay.pid), cpu_of("postgres"), cpu_of("beam.smp"), machine_busy_s())
             while True:
                 done, dead = _fetch(conn, progress)
                 if done + dead >= n:
@@ -296,12 +359,14 @@ def relay_run(args: argparse.Namespace, names: OutboxNames, exchange: str, n: in
                     raise SystemExit(f"relay exited: {log_path.read_text()[-2000:]}")
                 time.sleep(0.01)
             took = time.perf_counter() - started
+            cpu1 = (cpu_s(relay.pid), cpu_of("postgres"), cpu_of("beam.smp"), machine_busy_s())
         finally:
             relay.send_signal(signal.SIGTERM)
             code = relay.wait(30)
     if dead or code != 0:
         raise SystemExit(f"relay run not clean: {dead} dead, exit code {code}; see {log_path}")
-    return took
+    relay_cpu, pg_cpu, rabbit_cpu, machine = (b - a for a, b in zip(cpu0, cpu1, strict=True))
+    return took, cpu_note(took, n, relay_cpu, pg_cpu, rabbit_cpu, machine)
 
 
 def _fetch(conn: psycopg.Connection[Any], query: sql.Composed) -> tuple[Any, ...]:
@@ -319,6 +384,7 @@ async def bench(args: argparse.Namespace) -> float:
     ordering = OrderingMap(default_ordered=args.ordered)
     n = len(events)
     ratios, relay_rates, raw_rates = [], [], []
+    others: dict[str, list[tuple[float, float]]] = {}  # variant: (rate, ratio) per round
     async with Topology(args.amqp_url) as topology:
         settings = RabbitSettings(
             url=args.amqp_url, exchange=topology.exchange, routing_key=RoutingKeyTemplate("{event_type}")
@@ -328,24 +394,41 @@ async def bench(args: argparse.Namespace) -> float:
         try:
             for round_no in range(1, args.rounds + 1):
                 raw: dict[tuple[str, int], float] = {}
+                raw_cpu: dict[tuple[str, int], str] = {}
                 for style in RAW_STYLES:
                     for channels in RAW_CHANNELS:
                         await topology.purge()
+                        before = cpu_now()
                         took = await raw_run(
                             args.amqp_url, topology.exchange, envelopes, channels, args.batch_size, style
                         )
+                        used = [b - a for a, b in zip(before, cpu_now(), strict=True)]
+                        raw_cpu[style, channels] = cpu_note(took, n, *used, who="raw client")
                         raw[style, channels] = n / took
                         assert await topology.count() == n, "raw run lost messages"
                 best = max(raw, key=lambda k: raw[k])
                 idiomatic = max(raw[k] for k in raw if k[0] == "exchange")
                 await topology.purge()
                 adapter_rate = n / await adapter_run(settings, messages, args.workers, args.batch_size)
-                await topology.purge()
-                await seed_outbox(args.dsn, names, events, ordering)
-                relay_rate = n / await asyncio.to_thread(relay_run, args, names, topology.exchange, n, args.ordered)
-                delivered = await topology.count()
-                if delivered < n:
-                    raise SystemExit(f"relay run lost messages: {delivered} of {n} in the queue")
+                variants: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [("relay", (), ())]
+                if args.compare_unpipelined:
+                    variants.append(("relay --no-pipeline", ("--no-pipeline",), ()))
+                if args.baseline_relay:
+                    variants.append(("baseline relay", (), (args.baseline_relay,)))
+                notes = []
+                for label, extra, binary in variants:
+                    await topology.purge()
+                    await seed_outbox(args.dsn, names, events, ordering)
+                    took, cpu = await asyncio.to_thread(
+                        relay_run, args, names, topology.exchange, n, args.ordered, extra, binary
+                    )
+                    delivered = await topology.count()
+                    if delivered < n:
+                        raise SystemExit(f"{label} run lost messages: {delivered} of {n} in the queue")
+                    notes.append(f"{label} {n / took:,.0f} msg/s, ratio {n / took / raw[best]:.2f} ({cpu})")
+                    others.setdefault(label, []).append((n / took, n / took / raw[best]))
+                    if label == "relay":
+                        relay_rate = n / took
                 ratios.append(relay_rate / raw[best])
                 relay_rates.append(relay_rate)
                 raw_rates.append(raw[best])
@@ -355,7 +438,8 @@ async def bench(args: argparse.Namespace) -> float:
                     f" all: {detail}); adapter without database {adapter_rate:,.0f} msg/s"
                     f" ({adapter_rate / raw[best]:.2f} of raw); relay {relay_rate:,.0f} msg/s"
                     f" ({args.workers} workers, batch {args.batch_size}); ratio {relay_rate / raw[best]:.2f}"
-                    f" (vs Exchange.publish alone {relay_rate / idiomatic:.2f})",
+                    f" (vs Exchange.publish alone {relay_rate / idiomatic:.2f}); load average"
+                    f" {os.getloadavg()[0]:.2f}\n    raw ({raw_cpu[best]})\n    " + "\n    ".join(notes),
                     flush=True,
                 )
         finally:
@@ -367,6 +451,13 @@ async def bench(args: argparse.Namespace) -> float:
         f" relay {statistics.median(relay_rates):,.0f} msg/s, ratio {statistics.median(ratios):.2f}"
         f" (goal >= 0.90)"
     )
+    for label, runs in others.items():
+        if label != "relay":
+            print(
+                f"        {label} {statistics.median(r for r, _ in runs):,.0f} msg/s,"
+                f" ratio {statistics.median(q for _, q in runs):.2f}"
+            )
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
     return statistics.median(ratios)
 
 
@@ -381,6 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--ordered", action="store_true", help="route every event type through the ordered claim")
+    p.add_argument(
+        "--compare-unpipelined", action="store_true", help="also run the relay with --no-pipeline in every round"
+    )
+    p.add_argument(
+        "--baseline-relay",
+        metavar="PATH",
+        help="also run this `relay` executable (another checkout's, say) in every round, same outbox and queue",
+    )
     args = p.parse_args(argv)
     print(f"python {platform.python_version()}, aio-pika {aio_pika.__version__}, {os.cpu_count()} CPUs", flush=True)
     ratio = asyncio.run(bench(args))

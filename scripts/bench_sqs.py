@@ -14,7 +14,12 @@ built by the adapter's own ``prepare``) to the same embedded SQS, each into a fr
   parameter validation), to show how much of the result is the client configuration;
 - relay: ``relay start --broker sqs`` as a subprocess draining an outbox pre-filled with those
   messages, timed from its "relay started" log line to the last row's ``done_at``
-  (PostgreSQL claim, publish, fenced finalize: the whole path).
+  (PostgreSQL claim, publish, fenced finalize: the whole path);
+- relay, unpipelined (``--compare-unpipelined``): the same with ``--no-pipeline``, right
+  after it in the same round, so the two dispatch loops are compared under the same load.
+- baseline relay (``--baseline-relay PATH``): another checkout's ``relay`` executable (say,
+  the branch's base in a venv of its own), also in every round: before and after a change
+  under the same load.
 
 Raw and relay alternate for ``--rounds`` rounds and the medians are compared. A round in
 which any run saw CPU spent by other work on the machine is marked disturbed, and left
@@ -299,7 +304,15 @@ def relay_bin() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "relay.cli"]
 
 
-def relay_run(args: argparse.Namespace, endpoint: str, n: int, ordering: OrderingMap, sqs_pid: int) -> Run:
+def relay_run(
+    args: argparse.Namespace,
+    endpoint: str,
+    n: int,
+    ordering: OrderingMap,
+    sqs_pid: int,
+    extra: tuple[str, ...] = (),
+    binary: tuple[str, ...] = (),
+) -> Run:
     """``relay start`` draining the pre-filled outbox, timed from its "relay started" log
     line to the last ``done_at`` PostgreSQL recorded (same host clock); checks that every
     row is done and that the queue holds every message.
@@ -314,10 +327,10 @@ def relay_run(args: argparse.Namespace, endpoint: str, n: int, ordering: Orderin
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")} | FAKE_AWS
     log_path = Path(tempfile.gettempdir()) / "relay-bench-sqs.log"
     command = [
-        *relay_bin(), "start", "--dsn", args.dsn, "--schema", SCHEMA,
+        *(binary or relay_bin()), "start", "--dsn", args.dsn, "--schema", SCHEMA,
         "--broker", "sqs", "--queue-url", url, "--endpoint-url", endpoint, "--region", REGION,
         "--workers", str(args.workers), "--batch-size", str(args.batch_size), "--log-level", "info",
-        *order_flags,
+        *order_flags, *extra,
     ]  # fmt: skip
     table = sql.Identifier(SCHEMA, "outbox")
     busy = sql.SQL(
@@ -374,6 +387,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="raw then relay, this many times (medians are compared)")
     p.add_argument("--fifo", action="store_true", help="a FIFO queue (default: standard)")
     p.add_argument("--ordered", action="store_true", help="route every event through the ordered claim")
+    p.add_argument(
+        "--compare-unpipelined", action="store_true", help="also run the relay with --no-pipeline in every round"
+    )
+    p.add_argument(
+        "--baseline-relay",
+        metavar="PATH",
+        help="also run this `relay` executable (another checkout's, say) in every round, same outbox and queue",
+    )
     args = p.parse_args(argv)
     os.environ.update(FAKE_AWS)
     n = args.messages
@@ -395,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     raws: list[Run] = []
     tuned: list[Run] = []
     relays: list[Run] = []
+    unpipelined: list[Run] = []
+    baseline: list[Run] = []
     clean: list[int] = []  # rounds no other work disturbed
     try:
         for r in range(1, args.rounds + 1):
@@ -405,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
             tuned.append(raw_run(sqs.endpoint, entries, args.fifo, best, sqs_pid, tuned=True))
             seed_outbox(args.dsn, events, ordering)
             relays.append(relay_run(args, sqs.endpoint, n, ordering, sqs_pid))
+            if args.compare_unpipelined:
+                seed_outbox(args.dsn, events, ordering)
+                unpipelined.append(relay_run(args, sqs.endpoint, n, ordering, sqs_pid, ("--no-pipeline",)))
+            if args.baseline_relay:
+                seed_outbox(args.dsn, events, ordering)
+                baseline.append(relay_run(args, sqs.endpoint, n, ordering, sqs_pid, (), (args.baseline_relay,)))
             raw, t, relay = raws[-1], tuned[-1], relays[-1]
             print(f"round {r}: raw by pool size: " + ", ".join(f"{k} thr {v.rate(n):.0f}" for k, v in by_pool.items()))
             print(f"         raw ({best:2d} thr)  {raw.rate(n):6.0f} msg/s  {raw.seconds:6.2f}s  {raw.cpu_note()}")
@@ -420,6 +449,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"   ratio {relay.rate(n) / raw.rate(n):.2f}"
                 + ("" if foreign < FOREIGN_CPU_LIMIT_S else f"   (disturbed: {foreign:.1f} cpu s of other work)")
             )
+            for label, runs in (("--no-pipeline", unpipelined), ("baseline     ", baseline)):
+                if runs:
+                    u = runs[-1]
+                    print(
+                        f"         {label} {u.rate(n):6.0f} msg/s  {u.seconds:6.2f}s  {u.cpu_note()}"
+                        f"   ratio {u.rate(n) / raw.rate(n):.2f}"
+                    )
     finally:
         sqs.stop()
     rounds = clean or list(range(len(relays)))
@@ -438,6 +474,10 @@ def main(argv: list[str] | None = None) -> int:
         f"        vs raw boto3 with the adapter's client settings {tuned_rate:.0f} msg/s:"
         f" ratio {relay_rate / tuned_rate:.2f}; load average {os.getloadavg()[0]:.2f} at the end"
     )
+    for label, runs in (("relay --no-pipeline", unpipelined), ("baseline relay", baseline)):
+        if runs:
+            other_rate = statistics.median(runs[i].rate(n) for i in rounds)
+            print(f"        {label} {other_rate:.0f} msg/s: ratio {other_rate / raw_rate:.2f}")
     return 0
 
 

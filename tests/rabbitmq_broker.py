@@ -379,7 +379,8 @@ async def rabbit(amqp: AmqpService) -> AsyncIterator[Rabbit]:
 
 class TcpProxy:
     """A TCP relay between the publisher and the broker: the network between them, which
-    a test can slow down (``latency``) or cut and restore, without touching the broker."""
+    a test can slow down (``latency``, which applies from broker to client, and may be
+    changed while connections are open) or cut and restore, without touching the broker."""
 
     def __init__(self, host: str, port: int, latency: float = 0.0) -> None:
         self.target = (host, port)
@@ -422,13 +423,15 @@ class TcpProxy:
             return
         self._writers |= {client_writer, upstream_writer}
         for task in (
-            asyncio.create_task(self._pump(client_reader, upstream_writer, 0.0)),
-            asyncio.create_task(self._pump(upstream_reader, client_writer, self.latency)),
+            asyncio.create_task(self._pump(client_reader, upstream_writer, lambda: 0.0)),
+            asyncio.create_task(self._pump(upstream_reader, client_writer, lambda: self.latency)),
         ):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, latency: float) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, latency: Callable[[], float]
+    ) -> None:
         # Each chunk is delivered `latency` after it was read, in order: a delay on the
         # path, not a bandwidth limit.
         loop = asyncio.get_running_loop()
@@ -446,7 +449,7 @@ class TcpProxy:
         sender = asyncio.create_task(deliver())
         try:
             while data := await reader.read(65536):
-                queue.put_nowait((loop.time() + latency, data))
+                queue.put_nowait((loop.time() + latency(), data))
             queue.put_nowait((0.0, b""))
             await sender
         except (ConnectionError, OSError):
