@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from relay.sqlfiles import migrations, named_queries
 from relay.sqlnames import OutboxNames
+from scripts.procstat import process_cpu
 from scripts.reference_schema import REFERENCE_DDL
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -133,15 +134,6 @@ class Sample:
     cpu_us: float  # CPU time of the producers' backends per transaction, in microseconds
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (a backend on this machine), or 0 once it has gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _backend_cpu(dsn: str, seconds: float, out: list[float]) -> None:
     """The producers' backends' CPU per committed row over the middle of a run (the first
     and last fifth left out: connecting and disconnecting are not inserts)."""
@@ -154,9 +146,9 @@ def _backend_cpu(dsn: str, seconds: float, out: list[float]) -> None:
             row = conn.execute(count).fetchone()
             return int(row[0]) if row else 0
 
-        cpu0, rows0 = sum(_cpu_seconds(p) for p in pids), rows()
+        cpu0, rows0 = sum(process_cpu(p) for p in pids), rows()
         time.sleep(seconds * 3 / 5)
-        cpu1, rows1 = sum(_cpu_seconds(p) for p in pids), rows()
+        cpu1, rows1 = sum(process_cpu(p) for p in pids), rows()
     if rows1 > rows0 and pids:
         out.append((cpu1 - cpu0) / (rows1 - rows0) * 1e6)
 
@@ -230,9 +222,9 @@ def parts(dsn: str, rounds: int, transactions: int) -> list[tuple[str, float]]:
                 conn.execute(sql.SQL("CALL {}.bench_insert(200)").format(ident["s"]))  # warm caches
                 row = conn.execute("SELECT pg_backend_pid()").fetchone()
                 assert row is not None
-                before = _cpu_seconds(row[0])
+                before = process_cpu(row[0])
                 conn.execute(sql.SQL("CALL {}.bench_insert(%s)").format(ident["s"]), (transactions,))
-                us = (_cpu_seconds(row[0]) - before) / transactions * 1e6
+                us = (process_cpu(row[0]) - before) / transactions * 1e6
             best[label] = min(us, best.get(label, us))
             print(f"  {label.strip()}: {us:.1f} us", file=sys.stderr)
     return list(best.items())

@@ -69,6 +69,7 @@ from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
+from scripts.procstat import command_cpu, machine_busy, process_cpu
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -270,34 +271,6 @@ async def seed_outbox(dsn: str, names: OutboxNames, events: list[Event], orderin
         conn.execute(sql.SQL("ANALYZE {}").format(table))
 
 
-def cpu_s(pid: int) -> float:
-    """User plus system CPU seconds a process has used so far (0 if it cannot be read)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_of(command: str) -> float:
-    """CPU seconds used so far by every process named ``command`` (postgres, beam.smp)."""
-    total = 0.0
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if (proc / "comm").read_text().strip() == command:
-                    total += cpu_s(int(proc.name))
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue  # exited meanwhile
-    return total
-
-
-def machine_busy_s() -> float:
-    """CPU seconds every core of the machine has spent not idle, since boot."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return (sum(values[:8]) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_note(
     seconds: float, n: int, sender: float, postgres: float, rabbit: float, machine: float, who: str = "relay"
 ) -> str:
@@ -312,7 +285,7 @@ def cpu_note(
 
 def cpu_now() -> tuple[float, float, float, float]:
     """This process, PostgreSQL, RabbitMQ and the whole machine: CPU seconds so far."""
-    return time.process_time(), cpu_of("postgres"), cpu_of("beam.smp"), machine_busy_s()
+    return time.process_time(), command_cpu("postgres"), command_cpu("beam.smp"), machine_busy()[0]
 
 
 def relay_run(
@@ -350,7 +323,7 @@ def relay_run(
                     raise SystemExit(f"relay exited: {log_path.read_text()[-2000:]}")
                 time.sleep(0.005)
             started = time.perf_counter()
-            cpu0 = (cpu_s(relay.pid), cpu_of("postgres"), cpu_of("beam.smp"), machine_busy_s())
+            cpu0 = (process_cpu(relay.pid), command_cpu("postgres"), command_cpu("beam.smp"), machine_busy()[0])
             while True:
                 done, dead = _fetch(conn, progress)
                 if done + dead >= n:
@@ -359,7 +332,7 @@ def relay_run(
                     raise SystemExit(f"relay exited: {log_path.read_text()[-2000:]}")
                 time.sleep(0.01)
             took = time.perf_counter() - started
-            cpu1 = (cpu_s(relay.pid), cpu_of("postgres"), cpu_of("beam.smp"), machine_busy_s())
+            cpu1 = (process_cpu(relay.pid), command_cpu("postgres"), command_cpu("beam.smp"), machine_busy()[0])
         finally:
             relay.send_signal(signal.SIGTERM)
             code = relay.wait(30)

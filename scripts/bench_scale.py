@@ -78,6 +78,7 @@ from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
+from scripts.procstat import machine_busy, pids_named, process_cpu
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -88,7 +89,6 @@ UNORDERED_TYPE = "OrderNotified"
 EVENT_TYPES = (*ORDERED_TYPES, UNORDERED_TYPE)
 ORDERING = OrderingMap(default_ordered=True, unordered=(UNORDERED_TYPE,))
 SAMPLE_S = 0.1  # pg_stat_activity every 100 ms: a few hundred samples per run
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 GROUPS = ("relay", "pg backends", "pg background", "rabbitmq", "not ours")
 
 Event = tuple[str, str, str]  # aggregate_id, event_type, payload JSON
@@ -110,27 +110,6 @@ def make_events(n: int, aggregates: int, payload_bytes: int, seed: int = 11) -> 
 # -- CPU accounting from /proc --------------------------------------------------------
 
 
-def proc_cpu(pid: int) -> float:
-    """utime + stime of one process in seconds; 0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
-
-
-def pids_named(*names: str) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() in names:
-                    out.append(int(entry.name))
-            except (FileNotFoundError, ProcessLookupError):
-                pass
-    return out
-
-
 _CLIENT_BACKEND = re.compile(r"postgres: [^:]+: \S+ \S+ (\[local\]|\S+\(\d+\))")
 
 
@@ -147,14 +126,6 @@ def pg_background(pids: Sequence[int]) -> list[int]:
         if not _CLIENT_BACKEND.match(title):
             out.append(pid)
     return out
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    total = sum(values[:8])  # up to steal; guest time is already inside user
-    return (total - idle) / CLK_TCK, total / CLK_TCK
 
 
 def client_ports(pid: int) -> set[int]:
@@ -191,7 +162,7 @@ class CpuSnapshot:
 
 
 def snapshot(pids: Sequence[int]) -> CpuSnapshot:
-    return CpuSnapshot({p: proc_cpu(p) for p in pids}, machine_busy()[0], time.perf_counter())
+    return CpuSnapshot({p: process_cpu(p) for p in pids}, machine_busy()[0], time.perf_counter())
 
 
 # -- pg_stat_activity sampling --------------------------------------------------------

@@ -70,6 +70,7 @@ from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
+from scripts.procstat import command_cpu, machine_busy, process_cpu
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bench_sqs"
@@ -187,32 +188,6 @@ def count_in_queue(endpoint: str, url: str) -> int:
     return int(attrs["Attributes"]["ApproximateNumberOfMessages"])
 
 
-def cpu_s(pid: int) -> float:
-    """User plus system CPU seconds a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def postgres_cpu_s() -> float:
-    """CPU seconds used so far by every PostgreSQL process (all its clients' work)."""
-    total = 0.0
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if (proc / "comm").read_text().strip() == "postgres":
-                    total += cpu_s(int(proc.name))
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue  # exited meanwhile
-    return total
-
-
-def machine_busy_s() -> float:
-    """CPU seconds every core of the machine has spent not idle, since boot."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + values[4]
-    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass
 class Run:
     """One timed run: its wall time and where the machine's CPU went meanwhile."""
@@ -260,16 +235,16 @@ def raw_run(endpoint: str, entries: list[Any], fifo: bool, threads: int, sqs_pid
             raise RuntimeError(f"raw send failed: {answer['Failed'][:1]}")
         return len(answer["Successful"])
 
-    start, cpu0, sqs0 = time.perf_counter(), time.process_time(), cpu_s(sqs_pid)
-    pg0, busy0 = postgres_cpu_s(), machine_busy_s()
+    start, cpu0, sqs0 = time.perf_counter(), time.process_time(), process_cpu(sqs_pid)
+    pg0, busy0 = command_cpu("postgres"), machine_busy()[0]
     with ThreadPoolExecutor(threads) as pool:
         sent = sum(pool.map(send, chunks))
     run = Run(
         time.perf_counter() - start,
         time.process_time() - cpu0,
-        cpu_s(sqs_pid) - sqs0,
-        postgres_cpu_s() - pg0,
-        machine_busy_s() - busy0,
+        process_cpu(sqs_pid) - sqs0,
+        command_cpu("postgres") - pg0,
+        machine_busy()[0] - busy0,
     )
     assert sent == len(entries)
     assert count_in_queue(endpoint, url) == len(entries)
@@ -344,12 +319,22 @@ def relay_run(
                 if relay.poll() is not None:
                     raise SystemExit(f"relay exited: {log_path.read_text()[-2000:]}")
                 time.sleep(0.01)
-            cpu0, sqs0, pg0, busy0 = cpu_s(relay.pid), cpu_s(sqs_pid), postgres_cpu_s(), machine_busy_s()
+            cpu0, sqs0, pg0, busy0 = (
+                process_cpu(relay.pid),
+                process_cpu(sqs_pid),
+                command_cpu("postgres"),
+                machine_busy()[0],
+            )
             while conn.execute(busy).fetchone()[0]:  # type: ignore[index]
                 if relay.poll() is not None:
                     raise SystemExit(f"relay exited: {log_path.read_text()[-2000:]}")
                 time.sleep(0.1)
-            cpu = (cpu_s(relay.pid) - cpu0, cpu_s(sqs_pid) - sqs0, postgres_cpu_s() - pg0, machine_busy_s() - busy0)
+            cpu = (
+                process_cpu(relay.pid) - cpu0,
+                process_cpu(sqs_pid) - sqs0,
+                command_cpu("postgres") - pg0,
+                machine_busy()[0] - busy0,
+            )
         finally:
             relay.send_signal(signal.SIGTERM)
             code = relay.wait(30)

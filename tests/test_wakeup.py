@@ -274,13 +274,18 @@ async def test_a_row_committed_while_the_relay_marks_itself_idle_is_not_left_for
 
 
 def _mark_waiting(db: Db) -> bool:
+    return _waiting_for_lock(db, "_listeners") > 0
+
+
+def _waiting_for_lock(db: Db, suffix: str) -> int:
+    """Sessions of this database waiting for a lock in a statement on ``<table><suffix>``."""
     cur = db.conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name = 'outbox-relay' AND wait_event_type = 'Lock' AND query LIKE %s",
-        (f'%"{db.names.table}_listeners"%',),
+        " AND wait_event_type = 'Lock' AND query LIKE %s",
+        (f'%"{db.names.table}{suffix}"%',),
     )
     row = cur.fetchone()
-    return bool(row and row[0])
+    return int(row[0]) if row else 0
 
 
 # ---- the producers' check, row by row
@@ -324,9 +329,9 @@ async def test_two_relays_changing_state_at_once_leave_the_answer_their_rows_giv
         with holder.transaction():
             holder.execute(sql.SQL("SELECT 1 FROM {} FOR UPDATE").format(settings_table))
             a = asyncio.create_task(store.set_listener("a:1", idle=False, ttl=hour))
-            await until(lambda: _waiting_on_settings(db) == 1, what="A's change waiting for the lock")
+            await until(lambda: _waiting_for_lock(db, "_settings") == 1, what="A's change waiting for the lock")
             b = asyncio.create_task(store.set_listener("b:1", idle=True, ttl=hour))
-            await until(lambda: _waiting_on_settings(db) == 2, what="B's change waiting behind A's")
+            await until(lambda: _waiting_for_lock(db, "_settings") == 2, what="B's change waiting behind A's")
         await asyncio.gather(a, b)
     assert live_states(db) == [False, True]
     async with listening(pg_dsn, names) as channel:
@@ -348,13 +353,3 @@ async def test_the_answer_runs_out_with_a_killed_idle_relays_row(pg_dsn: str, na
         await asyncio.sleep(1.2)
         db.insert([("a", "E", {})])
         assert await heard(channel, 1) == 0
-
-
-def _waiting_on_settings(db: Db) -> int:
-    cur = db.conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND wait_event_type = 'Lock' AND query LIKE %s",
-        (f'%"{db.names.table}_settings"%',),
-    )
-    row = cur.fetchone()
-    return int(row[0]) if row else 0

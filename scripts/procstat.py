@@ -1,0 +1,43 @@
+"""CPU time from /proc, for the benchmarks' "what it cost" columns (Linux only)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """utime + stime of one process in seconds; 0 when it is gone or cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
+
+
+def pids_named(*names: str) -> list[int]:
+    """Every process whose command name (``comm``) is one of ``names``: postgres, beam.smp."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() in names:
+                    out.append(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue  # exited meanwhile
+    return out
+
+
+def command_cpu(*names: str) -> float:
+    """CPU seconds used so far by every process named one of ``names`` (those still running)."""
+    return sum(process_cpu(pid) for pid in pids_named(*names))
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    total = sum(values[:8])  # up to steal; guest time is already inside user
+    return (total - idle) / CLK_TCK, total / CLK_TCK
