@@ -260,7 +260,8 @@ async def _every(stop: asyncio.Event, seconds: float, what: str, job: Callable[[
         try:
             await job()
         except (psycopg.Error, DatabaseUnavailable, OSError) as exc:
-            log.warning("%s failed, trying again in %.0fs: %s", what, seconds, str(exc).strip().splitlines()[0])
+            # first_line: an exception with an empty message has no first line to index.
+            log.warning("%s failed, trying again in %.0fs: %s", what, seconds, first_line(exc))
         await sleep_unless_stopped(stop, seconds)
 
 

@@ -28,6 +28,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -82,6 +83,9 @@ class Fleet:
     started_at: dict[int, float] = field(default_factory=dict)
     logs: dict[int, Any] = field(default_factory=dict)
     killed: int = 0
+    crashed: set[int] = field(default_factory=set)  # pids this scenario SIGKILLed on purpose
+    hung: set[int] = field(default_factory=set)  # pids that ignored SIGTERM and were killed at stop
+    term_timeout_s: float = 30.0  # how long stop() waits for a drain before it kills
 
     def start(self) -> None:
         # stdout is unused by the brokers here; the log goes to a file (a pipe nobody reads
@@ -95,13 +99,17 @@ class Fleet:
         self.logs[proc.pid] = log
 
     def assert_clean_exits(self) -> None:
-        """Every relay that was not SIGKILLed exited 0 on SIGTERM; else its log's tail."""
+        """Every relay the scenario did not crash on purpose exited 0 on SIGTERM; else its
+        log's tail. A relay that hung on SIGTERM and was killed by stop() fails too."""
         for p in self.procs:
-            if p.returncode not in (0, -signal.SIGKILL):
+            if p.pid in self.crashed and p.returncode == -signal.SIGKILL:
+                continue
+            if p.returncode != 0 or p.pid in self.hung:
                 log = self.logs[p.pid]
                 log.seek(0)
                 tail = "".join(log.readlines()[-25:])
-                raise AssertionError(f"relay pid {p.pid} exited with {p.returncode}:\n{tail}")
+                how = "did not exit on SIGTERM and was killed" if p.pid in self.hung else f"exited with {p.returncode}"
+                raise AssertionError(f"relay pid {p.pid} {how}:\n{tail}")
 
     def kill_one(self, rng: random.Random) -> None:
         alive = [p for p in self.procs if p.poll() is None]
@@ -109,6 +117,7 @@ class Fleet:
             victim = rng.choice(alive)
             victim.send_signal(signal.SIGKILL)  # no drain, no finalize: a crash
             victim.wait(timeout=10)
+            self.crashed.add(victim.pid)
             self.killed += 1
 
     def restart_one(self, rng: random.Random) -> None:
@@ -131,8 +140,9 @@ class Fleet:
                 p.send_signal(signal.SIGTERM)
         for p in self.procs:
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=self.term_timeout_s)
             except subprocess.TimeoutExpired:
+                self.hung.add(p.pid)
                 p.kill()
                 p.wait()
             codes.append(p.returncode)
@@ -657,3 +667,20 @@ async def test_sqs_outage_longer_than_the_backoff_schedule_burns_nothing(
     deliveries = await asyncio.to_thread(sqs_deliveries, client, url)
     assert {d.outbox_id for d in deliveries} >= set(before) | set(during)
     check_deliveries(db, deliveries, sequential(ordered_rows(db, before + during)))
+
+
+def test_a_relay_that_hangs_on_sigterm_fails_the_clean_exit_check() -> None:
+    """The fleet's own check must be able to fail: a process that ignores SIGTERM is
+    killed by stop(), and that kill is not one of the scenario's crashes."""
+    fleet = Fleet(args=[], env=dict(os.environ), term_timeout_s=1.0)
+    ignores_term = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", ignores_term], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "\n"  # the handler is in place
+    fleet.procs.append(proc)
+    fleet.started_at[proc.pid] = time.monotonic() - 10
+    fleet.logs[proc.pid] = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed with the Fleet
+    assert fleet.stop() == [-signal.SIGKILL]
+    with pytest.raises(AssertionError, match="did not exit on SIGTERM and was killed"):
+        fleet.assert_clean_exits()

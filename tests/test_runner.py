@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import timedelta
 
+import pytest
+
 from adapters.memory import STALL, InMemoryPublisher
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, resolve
+from relay.runner import _every as runner_every
 from relay.runner import run_relay
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
@@ -120,3 +124,24 @@ async def test_start_serves_metrics_and_health_and_prunes_on_schedule(pg_dsn: st
     finally:
         stop.set()
         await task
+
+
+async def test_a_scheduled_job_whose_error_has_no_message_is_logged_and_runs_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``str(exc)`` of ``OSError()`` is empty: the warning must still be written and the
+    job scheduled again, not the scheduler die inside its own handler."""
+    stop = asyncio.Event()
+    calls = 0
+
+    async def job() -> None:
+        nonlocal calls
+        calls += 1
+        if calls >= 3:
+            stop.set()
+        raise OSError()
+
+    caplog.set_level(logging.WARNING, logger="relay.runner")
+    await asyncio.wait_for(runner_every(stop, 0.01, "scheduled prune", job), timeout=5)
+    assert calls == 3
+    assert caplog.text.count("scheduled prune failed, trying again in 0s: OSError") == 3
