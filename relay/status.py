@@ -274,7 +274,9 @@ def _wakeups_text(w: WakeupStatus) -> str:
         return f"{relays}: producers' inserts wake them"
     if w.idle < w.listening:
         return f"{relays}: producers send no wake-ups (a working relay claims new rows itself)"
-    return f"{relays}: producers send no wake-ups (notify is off)"
+    # All idle and still no wake-ups: the stored notify is off, or the answer in the settings
+    # row lapsed (an idle relay killed, another not renewed yet; relays older than 0008).
+    return f"{relays}: producers send no wake-ups (notify is off, or the relays' answer has lapsed)"
 
 
 def _event_type_table(rows: Sequence[EventTypeStatus]) -> str:
