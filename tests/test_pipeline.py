@@ -180,6 +180,29 @@ def assert_only_ready_heads(seen: InFlight, expected: dict[str, list[int]]) -> N
         assert not waiting, f"row {oid} leased while {waiting} before it in commit order were not done"
 
 
+async def start_behind_slow_confirms(
+    pg_dsn: str,
+    names: OutboxNames,
+    db: Db,
+    rabbit: Rabbit,
+    amqp: AmqpService,
+    proxy: TcpProxy,
+    relays: list[Relay],
+) -> tuple[str, str, dict[str, str], Relay]:
+    """A relay publishing through the proxy, warmed up, whose broker confirms from now on
+    take CONFIRM_LATENCY_S: a batch stays in hand long enough for the next to be claimed
+    ahead. Returns the exchange, the bound queue, the relays' environment and the relay."""
+    exchange = await rabbit.exchange("direct")
+    queue = await rabbit.queue(bind=(exchange, "outbox"))
+    store_fleet_ordering(pg_dsn, names)
+    env = relay_env(RELAY_DSN=pg_dsn, RELAY_LOG_LEVEL="warning")
+    relay = Relay(relay_args(names, exchange, proxy.url(amqp.url)), env)
+    relays.append(relay)
+    await warm_up(db, relay)
+    proxy.latency = CONFIRM_LATENCY_S
+    return exchange, queue, env, relay
+
+
 @pytest.mark.parametrize("kind", ["locked", "unlocked"])
 async def test_a_relay_killed_with_a_batch_in_hand_and_one_prefetched_loses_nothing_and_keeps_order(
     kind: str,
@@ -191,14 +214,7 @@ async def test_a_relay_killed_with_a_batch_in_hand_and_one_prefetched_loses_noth
     proxy: TcpProxy,
     relays: list[Relay],
 ) -> None:
-    exchange = await rabbit.exchange("direct")
-    queue = await rabbit.queue(bind=(exchange, "outbox"))
-    store_fleet_ordering(pg_dsn, names)
-    env = relay_env(RELAY_DSN=pg_dsn, RELAY_LOG_LEVEL="warning")
-    first = Relay(relay_args(names, exchange, proxy.url(amqp.url)), env)
-    relays.append(first)
-    await warm_up(db, first)
-    proxy.latency = CONFIRM_LATENCY_S
+    exchange, queue, env, first = await start_behind_slow_confirms(pg_dsn, names, db, rabbit, amqp, proxy, relays)
     log, producing = produce(pg_dsn, names, kind, seed=11)
 
     seen = await two_batches_in_flight(db, first)
@@ -222,7 +238,9 @@ async def test_a_relay_killed_with_a_batch_in_hand_and_one_prefetched_loses_noth
     assert all(r["lease_version"] >= 2 for r in db.rows() if r["id"] in again)
 
 
+@pytest.mark.parametrize("kind", ["locked", "unlocked"])
 async def test_sigterm_with_a_prefetched_batch_releases_it_and_exits_0(
+    kind: str,
     pg_dsn: str,
     names: OutboxNames,
     db: Db,
@@ -231,15 +249,8 @@ async def test_sigterm_with_a_prefetched_batch_releases_it_and_exits_0(
     proxy: TcpProxy,
     relays: list[Relay],
 ) -> None:
-    exchange = await rabbit.exchange("direct")
-    queue = await rabbit.queue(bind=(exchange, "outbox"))
-    store_fleet_ordering(pg_dsn, names)
-    env = relay_env(RELAY_DSN=pg_dsn, RELAY_LOG_LEVEL="warning")
-    relay = Relay(relay_args(names, exchange, proxy.url(amqp.url)), env)
-    relays.append(relay)
-    await warm_up(db, relay)
-    proxy.latency = CONFIRM_LATENCY_S
-    log, producing = produce(pg_dsn, names, "locked", seed=5)
+    exchange, queue, env, relay = await start_behind_slow_confirms(pg_dsn, names, db, rabbit, amqp, proxy, relays)
+    log, producing = produce(pg_dsn, names, kind, seed=5)
     await asyncio.to_thread(producing.join)  # a backlog: the claim ahead finds a full batch
 
     seen = await two_batches_in_flight(db, relay)

@@ -55,6 +55,24 @@ async def claim_as(store: OutboxStore, owner: str, want: set[int]) -> dict[int, 
     return got
 
 
+async def deliver_with_a_log_relay(db: Db, pg_dsn: str, *, done: int) -> tuple[int | None, str, str]:
+    """Run `relay start --broker log` until ``done`` rows are done (30 s at most), then
+    SIGTERM it: its exit code, and its stdout (one line per message, in the order it
+    published them) and stderr."""
+    relay = start_relay(
+        "--schema", db.names.schema, "--broker", "log", "--poll-interval", "100ms",
+        env=relay_env(RELAY_DSN=pg_dsn),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while db.statuses().get("done", 0) < done and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        out, err = relay.communicate(timeout=30)
+    return relay.returncode, out, err
+
+
 def lease_state(db: Db) -> dict[int, tuple[Any, ...]]:
     return {
         r["id"]: (r["status"], r["lease_owner"], r["lease_until"], r["lease_version"], r["attempts"], r["last_error"])
@@ -116,18 +134,8 @@ async def test_release_by_owner_dry_run_then_yes_fences_the_old_owner_and_anothe
     assert lease_state(db) == after
 
     # Another relay delivers the released rows, the ordered ones in order.
-    relay = start_relay(
-        "--schema", db.names.schema, "--broker", "log", "--poll-interval", "100ms",
-        env=relay_env(RELAY_DSN=pg_dsn),
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while db.statuses().get("done", 0) < 5 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-    finally:
-        relay.send_signal(signal.SIGTERM)
-        out, err = relay.communicate(timeout=30)
-    assert relay.returncode == 0, err
+    code, out, err = await deliver_with_a_log_relay(db, pg_dsn, done=5)
+    assert code == 0, err
     assert db.statuses() == {"done": 5, "processing": 1}, err  # livehost's lease still runs
     lines = [json.loads(line) for line in out.splitlines()]
     assert sorted(m["outbox_id"] for m in lines) == sorted([*a, *mails])
@@ -231,18 +239,8 @@ async def test_released_ordered_rows_are_delivered_in_commit_order(
 
     proc = run_relay("release", "--owner", DEAD_HOST, "--yes", *target(pg_dsn, db))
     assert proc.returncode == 0, proc.stderr
-    relay = start_relay(
-        "--schema", db.names.schema, "--broker", "log", "--poll-interval", "100ms",
-        env=relay_env(RELAY_DSN=pg_dsn),
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while db.statuses().get("done", 0) < len(log.ids()) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-    finally:
-        relay.send_signal(signal.SIGTERM)
-        out, err = relay.communicate(timeout=30)
-    assert relay.returncode == 0, err
+    code, out, err = await deliver_with_a_log_relay(db, pg_dsn, done=len(log.ids()))
+    assert code == 0, err
     received = [json.loads(line) for line in out.splitlines()]  # the broker's order
     arrivals = [Arrival(m["outbox_id"], m["aggregate_id"]) for m in received]
     assert {a.outbox_id for a in arrivals} == log.ids()
