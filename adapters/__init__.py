@@ -1,6 +1,2 @@
-"""Broker adapters for outbox-relay, and the publisher contract they implement."""
-
-from adapters.base import Outcome, Publisher
-from adapters.memory import STALL, InMemoryPublisher
-
-__all__ = ["STALL", "InMemoryPublisher", "Outcome", "Publisher"]
+"""Broker adapters for outbox-relay. Each implements :class:`relay.contract.Publisher`;
+:mod:`adapters.registry` finds them by broker name."""

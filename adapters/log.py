@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
-from adapters.base import Outcome
+from relay.contract import Outcome, PublishLimits
 from relay.errors import BrokerUnavailable
 from relay.message import OutboxMessage
 
@@ -61,5 +61,6 @@ class LogPublisher:
 OPTIONS: tuple[()] = ()
 
 
-def create(values: object) -> LogPublisher:
+def create(values: Mapping[str, Any], limits: PublishLimits) -> LogPublisher:
+    """The log broker has no options and nothing to size."""
     return LogPublisher()

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from adapters.base import Outcome
+from relay.contract import Outcome
 from relay.message import OutboxMessage
 
 # Given a message, return None to deliver it, return an exception to fail it with that

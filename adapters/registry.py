@@ -10,10 +10,10 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from adapters.base import Publisher
-from relay.config import Option
+from relay.contract import Publisher, PublishLimits
+from relay.options import Option
 
-# broker name -> module under adapters/ that defines OPTIONS and create(values)
+# broker name -> module under adapters/ that defines OPTIONS and create(values, limits)
 _MODULES = {"log": "adapters.log", "rabbitmq": "adapters.rabbitmq", "sqs": "adapters.sqs"}
 
 
@@ -27,11 +27,12 @@ def broker_options() -> tuple[Option, ...]:
     return tuple(options)
 
 
-def create_publisher(broker: str, values: Mapping[str, Any]) -> Publisher:
+def create_publisher(broker: str, values: Mapping[str, Any], limits: PublishLimits) -> Publisher:
+    """The publisher of ``broker`` from its resolved option ``values`` and the core's ``limits``."""
     module = _load(_MODULES[broker])
     if module is None:
         raise ModuleNotFoundError(f"broker {broker!r} is not available in this installation")
-    publisher: Publisher = module.create(values)
+    publisher: Publisher = module.create(values, limits)
     return publisher
 
 

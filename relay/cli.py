@@ -24,20 +24,17 @@ from relay.config import (
     OPERATE_OPTIONS,
     ORDERING_OPTIONS,
     START_OPTIONS,
-    Option,
     RelaySettings,
-    check_file_keys,
-    load_file,
     names_from,
     ordering_from,
     require_dsn,
-    resolve,
 )
 from relay.db import connect
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable
 from relay.migrate import migrate as apply_migrations
 from relay.migrate import pg_message
+from relay.options import Option, check_file_keys, load_file, resolve
 from relay.shared_settings import SHARED_OPTIONS, SettingsUpdate, given_settings, render_change, update_settings
 
 BROKER_OPTIONS = broker_options()
@@ -50,7 +47,7 @@ F = Callable[..., Any]
 
 def with_options(options: Sequence[Option]) -> Callable[[F], F]:
     """Add one click option per declared Option; every default stays None so that
-    :func:`relay.config.resolve` can tell "not given" from "given"."""
+    :func:`relay.options.resolve` can tell "not given" from "given"."""
 
     def decorate(func: F) -> F:
         for o in reversed(options):
@@ -161,7 +158,7 @@ def start_cmd(**cli_values: Any) -> None:
     # The shared settings this process was told explicitly: compared with the stored ones
     # at start, never written (`relay settings set` changes those).
     given = given_settings(values, cli_values, load_file(config_path), os.environ)
-    publisher = create_publisher(settings.broker, values)
+    publisher = create_publisher(settings.broker, values, settings.publish_limits)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -1,185 +1,27 @@
-"""Settings: one declaration per option, read from the command line, ``RELAY_*``
-environment variables and a TOML file, in that order of precedence, then defaults.
-
-Every value, whatever its source, goes through the same parser, so a bad value gets the
-same one-line error from a flag, a variable or the file.
+"""The core's settings: the options `relay start` and the operator commands declare
+(the engine that reads them is :mod:`relay.options`), and :class:`RelaySettings`, which
+checks them together and builds the worker's configuration.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import re
-import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from relay.backoff import Backoff
+from relay.contract import PublishLimits
 from relay.decide import Policy
-from relay.dsn import remember_secrets
-from relay.durations import format_bound, parse_duration
-from relay.errors import ConfigError, shown
+from relay.errors import ConfigError
+from relay.options import DAY, HOUR, MINUTE, MS, SECOND, Option, SizeOption
 from relay.ordering import OrderingMap
-from relay.sizes import format_size, parse_size
 from relay.sqlnames import OutboxNames
 from relay.store import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, MIN_BATCH_BYTES
-from relay.worker import WorkerConfig
-
-Kind = Literal["str", "int", "float", "duration", "choice", "list", "bool"]
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting. ``dest`` names it everywhere: flag ``--dest-with-dashes``, variable
-    ``RELAY_DEST``, and key ``key`` (default ``dest``) in TOML table ``section``."""
-
-    dest: str
-    kind: Kind
-    default: Any
-    help: str
-    section: str | None = None
-    key: str | None = None
-    choices: tuple[str, ...] = ()
-    # Bounds, checked whatever the source; for a duration they are seconds.
-    minimum: float | None = None
-    maximum: float | None = None
-    secret: bool = False
-    # A string that may not be empty: '' is refused rather than read as "the default".
-    nonempty: bool = False
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.dest.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return "RELAY_" + self.dest.upper()
-
-    @property
-    def toml_key(self) -> str:
-        return self.key or self.dest
-
-    @property
-    def where(self) -> str:
-        return f"[{self.section}] {self.toml_key}" if self.section else self.toml_key
-
-    @property
-    def bounds(self) -> str | None:
-        """The documented range, as --help and the README show it: ``1s..1d``, ``>= 10ms``."""
-        fmt = _format_bound if self.kind == "duration" else _format_number
-        if self.minimum is not None and self.maximum is not None:
-            return f"{fmt(self.minimum)}..{fmt(self.maximum)}"
-        if self.minimum is not None:
-            return f">= {fmt(self.minimum)}"
-        if self.maximum is not None:
-            return f"<= {fmt(self.maximum)}"
-        return None
-
-    def parse(self, value: Any, source: str) -> Any:
-        """Convert ``value`` from ``source`` (a flag, a variable or the file) or raise ConfigError."""
-        name = f"{self.flag} (from {source})" if source != "command line" else self.flag
-        if self.kind == "duration":
-            return parse_duration(
-                value,
-                name=name,
-                minimum=None if self.minimum is None else timedelta(seconds=self.minimum),
-                maximum=None if self.maximum is None else timedelta(seconds=self.maximum),
-            )
-        if self.kind == "list":
-            if isinstance(value, str):
-                return tuple(v.strip() for v in value.split(",") if v.strip())
-            if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-                return tuple(value)
-            raise ConfigError(f"invalid {name}: expected a list of strings")
-        if self.kind == "bool":
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off"):
-                return False
-            raise ConfigError(f"invalid {name}: {shown(value)} (expected true or false)")
-        if self.kind in ("int", "float"):
-            number = _number(value, self.kind == "int")
-            if number is None:
-                expected = "an integer" if self.kind == "int" else "a number"
-                raise ConfigError(f"invalid {name}: {shown(value)} (expected {expected})")
-            if self.minimum is not None and number < self.minimum:
-                raise ConfigError(f"invalid {name}: {shown(value)} (must be at least {_format_number(self.minimum)})")
-            if self.maximum is not None and number > self.maximum:
-                raise ConfigError(f"invalid {name}: {shown(value)} (must be at most {_format_number(self.maximum)})")
-            return number
-        if not isinstance(value, str):
-            raise ConfigError(f"invalid {name}: expected a string")
-        if self.kind == "choice" and value not in self.choices:
-            raise ConfigError(f"invalid {name}: {shown(value)} (choose from {', '.join(self.choices)})")
-        if self.nonempty and not value.strip():
-            raise ConfigError(f"invalid {name}: must not be empty")
-        return value
-
-
-# Digits are ASCII only: int() also takes "1_0" and "\u0661" (an Arabic-Indic one).
-_INT = re.compile(r"[+-]?[0-9]{1,30}")
-_FLOAT = re.compile(r"[+-]?[0-9]{1,30}(?:\.[0-9]{1,30})?")
-
-
-def _number(value: Any, integer: bool) -> int | float | None:
-    """``value`` as an int (or float), or None when it is not one: no bool, no float for an
-    int (TOML ``workers = 4.9`` must not become 4), no inf or nan, ASCII digits only."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return value if not integer and math.isfinite(value) else None
-    if isinstance(value, str):
-        text = value.strip()
-        if integer and _INT.fullmatch(text):
-            return int(text)
-        if not integer and _FLOAT.fullmatch(text):
-            return float(text)
-    return None
-
-
-def _format_bound(seconds: float) -> str:
-    return format_bound(timedelta(seconds=seconds))
-
-
-def _format_number(number: float) -> str:
-    # Whole numbers in full ("1048576", where :g would print "1.04858e+06").
-    return str(int(number)) if float(number).is_integer() else f"{number:g}"
-
-
-@dataclass(frozen=True)
-class SizeOption(Option):
-    """An option holding a number of bytes, written ``512KiB``, ``8MiB`` or as bytes
-    (:mod:`relay.sizes`); ``minimum`` and ``maximum`` are bytes."""
-
-    @property
-    def bounds(self) -> str | None:
-        """The documented range in size units: ``64KiB..1GiB``."""
-        if self.minimum is None or self.maximum is None:
-            return None
-        return f"{format_size(int(self.minimum))}..{format_size(int(self.maximum))}"
-
-    def parse(self, value: Any, source: str) -> Any:
-        name = f"{self.flag} (from {source})" if source != "command line" else self.flag
-        return parse_size(
-            value,
-            name=name,
-            minimum=int(self.minimum or 0),
-            maximum=None if self.maximum is None else int(self.maximum),
-        )
-
+from relay.worker import WorkerConfig, lease_margin
 
 BROKERS = ("sqs", "rabbitmq", "log")
 
-# Duration bounds are declared in seconds.
-MS, SECOND, MINUTE, HOUR, DAY = 0.001, 1.0, 60.0, 3600.0, 86400.0
 
 CORE_OPTIONS: tuple[Option, ...] = (
     Option(
@@ -358,106 +200,6 @@ LOG_OPTIONS: tuple[Option, ...] = (
 )
 
 
-# A relay's config file is a few hundred bytes; anything past a mebibyte is not one
-# (``--config /dev/zero`` would otherwise be read until memory runs out).
-MAX_CONFIG_BYTES = 1024 * 1024
-# Tables and arrays inside each other: a relay config uses two levels ([ordering] and a
-# list in it); deeper values make no setting, and would recurse through whatever prints them.
-MAX_CONFIG_NESTING = 16
-
-
-def load_file(path: str | None) -> dict[str, Any]:
-    """Read the TOML config file, or return {} when none was given."""
-    if not path:
-        return {}
-    file = Path(path)
-    try:
-        with file.open("rb") as fh:
-            data = fh.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file is a directory: {path}") from None
-    except PermissionError:
-        raise ConfigError(f"config file is not readable: {path}") from None
-    except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or type(exc).__name__}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES // 1024} KiB: not a relay config")
-    try:
-        parsed = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"malformed config file {path}: not UTF-8 text (byte {exc.start})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"malformed config file {path}: {exc}") from None
-    except RecursionError:
-        # tomllib parses nested arrays and inline tables recursively.
-        raise ConfigError(f"malformed config file {path}: values nested too deeply") from None
-    if _nesting(parsed) > MAX_CONFIG_NESTING:
-        raise ConfigError(f"malformed config file {path}: values nested too deeply (more than {MAX_CONFIG_NESTING})")
-    return parsed
-
-
-def _nesting(value: Any) -> int:
-    """How deep tables and arrays go inside ``value``, counted without recursion."""
-    deepest, todo = 0, [(value, 0)]
-    while todo:
-        item, depth = todo.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, depth + 1)
-            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
-def check_file_keys(data: Mapping[str, Any], known: Iterable[Option], path: str) -> None:
-    """Reject keys no option declares, so a typo never silently means "use the default"."""
-    top = {o.toml_key for o in known if o.section is None}
-    sections: dict[str, set[str]] = {}
-    for o in known:
-        if o.section:
-            sections.setdefault(o.section, set()).add(o.toml_key)
-    for key, value in data.items():
-        if key in sections:
-            if not isinstance(value, dict):
-                raise ConfigError(f"{path}: [{key}] must be a table")
-            for sub in value:
-                if sub not in sections[key]:
-                    raise ConfigError(f"{path}: unknown key {shown(sub)} in [{key}]")
-        elif key not in top:
-            raise ConfigError(f"{path}: unknown key {shown(key)}")
-
-
-def resolve(
-    options: Sequence[Option],
-    cli: Mapping[str, Any],
-    file: Mapping[str, Any],
-    env: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Each option's value: command line, else ``RELAY_*`` variable, else file, else default."""
-    env = os.environ if env is None else env
-    values: dict[str, Any] = {}
-    for o in options:
-        raw = cli.get(o.dest)
-        if raw is not None and raw != ():
-            values[o.dest] = o.parse(raw, "command line")
-            continue
-        # An empty variable means "not set", except where empty is an error of its own.
-        if o.env in env and (env[o.env] != "" or o.nonempty):
-            values[o.dest] = o.parse(env[o.env], o.env)
-            continue
-        table = file.get(o.section, {}) if o.section else file
-        if o.toml_key in table:
-            values[o.dest] = o.parse(table[o.toml_key], f"config {o.where}")
-            continue
-        values[o.dest] = o.parse(o.default, "default") if o.default is not None else None
-    for o in options:
-        # From here on every mask() replaces these passwords literally, wherever they
-        # appear: a client library quoting a piece of a malformed URL is masked too.
-        if o.secret and isinstance(values[o.dest], str):
-            remember_secrets(values[o.dest])
-    return values
-
-
 @dataclass(frozen=True)
 class RelaySettings:
     """Everything `relay start` needs from the core options, validated together."""
@@ -484,7 +226,7 @@ class RelaySettings:
             raise ConfigError("invalid --lease: must be longer than zero")
         if publish_timeout <= timedelta(0):
             raise ConfigError("invalid --publish-timeout: must be longer than zero")
-        if publish_timeout + min(timedelta(seconds=2), lease / 10) > lease:
+        if publish_timeout + lease_margin(lease) > lease:
             raise ConfigError(
                 f"--publish-timeout ({publish_timeout.total_seconds():g}s) must end inside --lease"
                 f" ({lease.total_seconds():g}s) with a margin of 10% (at most 2s): a publish still running"
@@ -516,6 +258,13 @@ class RelaySettings:
             shutdown_grace=v["shutdown_grace"],
             notify=v["notify"],
             warnings=_deprecations(v),
+        )
+
+    @property
+    def publish_limits(self) -> PublishLimits:
+        """What the broker adapter is told of the core's settings when it is built."""
+        return PublishLimits(
+            publish_timeout=self.worker.publish_timeout, workers=self.workers, batch_size=self.worker.batch_size
         )
 
 

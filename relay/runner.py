@@ -15,9 +15,9 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from adapters.base import Publisher
 from relay.breaker import CircuitBreaker
 from relay.config import RelaySettings
+from relay.contract import Publisher
 from relay.db import check_schema, connect, open_pool
 from relay.dbtext import SQL_ASCII, server_encoding
 from relay.errors import DatabaseUnavailable

@@ -24,8 +24,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from relay.config import ORDERING_OPTIONS, START_OPTIONS, Option
+from relay.config import ORDERING_OPTIONS, START_OPTIONS
 from relay.errors import ConfigError
+from relay.options import Option
 from relay.ordering import OrderingMap
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
@@ -207,7 +208,7 @@ def given_settings(
     env: Mapping[str, str],
 ) -> tuple[Given, ...]:
     """The shared settings among ``values`` that came from the command line, a variable or
-    the config file (the same precedence as :func:`relay.config.resolve`); defaults are left out."""
+    the config file (the same precedence as :func:`relay.options.resolve`); defaults are left out."""
     found = []
     for o in SHARED_OPTIONS:
         raw = cli_values.get(o.dest)

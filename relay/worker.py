@@ -17,9 +17,9 @@ from typing import Protocol
 
 import psycopg
 
-from adapters.base import Outcome, Publisher
 from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
+from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher
 from relay.decide import TIMEOUT_PREFIX, Policy, describe, failure_class, is_classified
 from relay.errors import BrokerUnavailable, RetryableError
 from relay.message import Decision, OutboxMessage, log_fields
@@ -36,12 +36,19 @@ log = logging.getLogger("relay.worker")
 HOUSEKEEPING_INTERVAL_S = 0.1
 
 
+def lease_margin(lease: timedelta) -> timedelta:
+    """How long before its lease expires a publish is abandoned: time for the finalize to
+    land, and for the claim's own latency (the lease started at the database). 10% of the
+    lease, at most 2 s: a 60 s lease keeps 2 s, a 5 s lease half a second."""
+    return min(timedelta(seconds=2), lease / 10)
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     batch_size: int = 100
     batch_bytes: int = DEFAULT_BATCH_BYTES  # payload bytes one claim leases (a larger message alone)
     lease: timedelta = timedelta(seconds=60)
-    publish_timeout: timedelta = timedelta(seconds=20)
+    publish_timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT
     poll_interval: timedelta = timedelta(seconds=1)
     policy: Policy = field(default_factory=Policy)
     # Claim the next batch while one publishes (Worker.run); off: claim, publish,
@@ -52,9 +59,7 @@ class WorkerConfig:
 
     @property
     def lease_margin(self) -> timedelta:
-        """How long before its lease expires a publish is abandoned: time for the finalize
-        to land, and for the claim's own latency (the lease started at the database)."""
-        return min(timedelta(seconds=2), self.lease / 10)
+        return lease_margin(self.lease)
 
 
 # Why rows went back unpublished (last_error; the attempt is refunded in each case).

@@ -35,11 +35,12 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.base import Outcome
-from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, resolve
+from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
+from relay.contract import Outcome
 from relay.db import configure_session, open_pool
 from relay.message import OutboxMessage
 from relay.migrate import migrate
+from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
 from relay.shared_settings import SettingsUpdate, store_ordering, update_settings

@@ -10,11 +10,16 @@ from psycopg import sql
 
 from adapters.memory import InMemoryPublisher, Script
 from relay.backoff import Backoff
+from relay.contract import PublishLimits
 from relay.decide import Policy
 from relay.sqlfiles import migrations, named_queries
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.worker import Worker, WorkerConfig
+
+# What `relay start` tells an adapter with its default settings (--publish-timeout 20s,
+# --workers 4, --batch-size 100).
+DEFAULT_LIMITS = PublishLimits(publish_timeout=timedelta(seconds=20), workers=4, batch_size=100)
 
 
 def make_worker(

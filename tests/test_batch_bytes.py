@@ -19,12 +19,13 @@ from typing import IO, Any
 import pytest
 from psycopg import sql
 
-from adapters.base import Outcome, Publisher
 from adapters.sqs import SqsSettings
 from adapters.sqs.publisher import SqsPublisher
-from relay.config import START_OPTIONS, RelaySettings, resolve
+from relay.config import START_OPTIONS, RelaySettings
+from relay.contract import Outcome, Publisher
 from relay.errors import ConfigError
 from relay.message import OutboxMessage
+from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.oversize import OversizeTurn
 from relay.sizes import format_size, parse_size

@@ -13,9 +13,10 @@ import pytest
 
 from relay.cli import ALL_OPTIONS
 from relay.cli_ops import AsciiInt
-from relay.config import CORE_OPTIONS, MAX_CONFIG_BYTES, OPERATE_OPTIONS, START_OPTIONS, load_file, resolve
+from relay.config import CORE_OPTIONS, OPERATE_OPTIONS, START_OPTIONS
 from relay.durations import MAX_DURATION, parse_duration
 from relay.errors import ConfigError
+from relay.options import MAX_CONFIG_BYTES, load_file, resolve
 from relay.runner import Operations
 from relay.sqlnames import OutboxNames
 

@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from adapters.memory import InMemoryPublisher
-from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, resolve
+from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.db import open_pool
 from relay.message import Decision, OutboxMessage
 from relay.migrate import migrate
+from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
 from relay.shared_settings import store_ordering

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, check_file_keys, load_file, resolve
+from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.durations import format_duration, parse_duration
 from relay.errors import ConfigError
+from relay.options import check_file_keys, load_file, resolve
 from relay.sqlnames import OutboxNames
 
 OPTIONS = (*CORE_OPTIONS, *START_OPTIONS)

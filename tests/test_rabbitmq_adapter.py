@@ -13,16 +13,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from adapters.base import Outcome
 from adapters.rabbitmq import OPTIONS, create
 from adapters.rabbitmq.publisher import RabbitPublisher
 from adapters.rabbitmq.settings import RabbitSettings
+from relay.contract import Outcome
 from relay.errors import BrokerUnavailable, ConfigError, PermanentError, RetryableError
 from tests import rabbitmq_broker
+from tests.helpers import DEFAULT_LIMITS
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, TcpProxy, outbox_message, unique
 
 # The fixtures live in tests/rabbitmq_broker.py (conftest.py belongs to the core suite).
@@ -448,7 +450,7 @@ def test_options_are_named_for_the_cli_and_the_url_is_secret() -> None:
 def test_bad_options_are_one_line_config_errors(values: dict[str, object], message: str) -> None:
     values = {"amqp_url": "amqp://guest:pw-secret@127.0.0.1:5672/", **values} if values else values
     with pytest.raises(ConfigError) as raised:
-        create(values)
+        create(values, DEFAULT_LIMITS)
     assert message in str(raised.value)
     assert "pw-secret" not in str(raised.value)
 
@@ -458,8 +460,8 @@ def test_routing_key_template_and_default_confirm_timeout() -> None:
         {
             "amqp_url": "amqp://u:p@h/",
             "routing_key": "{aggregate_type}.{event_type}.{aggregate_id}.x",
-            "publish_timeout": timedelta(seconds=10),
-        }
+        },
+        replace(DEFAULT_LIMITS, publish_timeout=timedelta(seconds=10)),
     )
     m = outbox_message(aggregate_type="order", event_type="OrderPaid", aggregate_id="o-9")
     assert settings.routing_key.render(m) == "order.OrderPaid.o-9.x"

@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 
 from adapters.memory import STALL, InMemoryPublisher
-from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings, resolve
+from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
+from relay.options import resolve
 from relay.runner import _every as runner_every
 from relay.runner import run_relay
 from relay.sqlnames import OutboxNames

@@ -17,8 +17,9 @@ from psycopg import sql
 
 from adapters.memory import InMemoryPublisher
 from relay import runner
-from relay.config import CORE_OPTIONS, START_OPTIONS, resolve
+from relay.config import CORE_OPTIONS, START_OPTIONS
 from relay.errors import ConfigError
+from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.shared_settings import (
     Given,

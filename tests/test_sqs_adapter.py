@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,9 +23,10 @@ from botocore.exceptions import ParamValidationError
 from adapters.sqs import OPTIONS, SqsSettings, create
 from adapters.sqs.entries import group_id
 from adapters.sqs.publisher import SqsPublisher
-from relay.config import resolve
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
 from relay.message import OutboxMessage
+from relay.options import resolve
+from tests.helpers import DEFAULT_LIMITS
 from tests.sqs_server import (  # noqa: F401 - fixtures
     Faults,
     closing_endpoint,
@@ -111,7 +113,7 @@ def assert_all(outcomes: Any, cls: type[BaseException]) -> None:
 
 def test_create_without_a_queue_url_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"^no SQS queue: pass --queue-url"):
-        create({"queue_url": None})
+        create({"queue_url": None}, DEFAULT_LIMITS)
 
 
 @pytest.mark.parametrize(
@@ -136,7 +138,7 @@ def test_create_without_a_queue_url_is_a_config_error() -> None:
 )
 def test_unusable_settings_are_one_line_config_errors(values: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle) as info:
-        create(values)
+        create(values, DEFAULT_LIMITS)
     assert "\n" not in str(info.value)
 
 
@@ -150,7 +152,7 @@ def test_settings_come_from_flags_relay_env_and_the_toml_sqs_table() -> None:
         file={"sqs": {"queue_url": "http://127.0.0.1:4566/000000000000/orders.fifo", "connect_timeout": "750ms"}},
         env={"RELAY_REGION": "eu-west-1", "RELAY_SQS_SDK_ATTEMPTS": "3"},
     )
-    s = SqsSettings.from_values({**values, "workers": 3, "batch_size": 100})
+    s = SqsSettings.from_values(values, replace(DEFAULT_LIMITS, workers=3, batch_size=100))
     assert s.queue_url.endswith("/orders.fifo") and s.fifo
     assert (s.region, s.endpoint_url) == ("eu-west-1", "http://127.0.0.1:4566")
     assert (s.connect_timeout_s, s.read_timeout_s, s.sdk_attempts) == (0.75, 5.0, 3)
@@ -158,9 +160,11 @@ def test_settings_come_from_flags_relay_env_and_the_toml_sqs_table() -> None:
 
 
 def test_queue_type_region_and_endpoint_follow_from_the_queue_url() -> None:
-    aws = SqsSettings.from_values({"queue_url": "https://sqs.eu-central-1.amazonaws.com/123456789012/orders"})
+    aws = SqsSettings.from_values(
+        {"queue_url": "https://sqs.eu-central-1.amazonaws.com/123456789012/orders"}, DEFAULT_LIMITS
+    )
     assert (aws.fifo, aws.region_from_url(), aws.endpoint_url) == (False, "eu-central-1", None)
-    local = SqsSettings.from_values({"queue_url": "http://localhost:9324/000000000000/orders.fifo"})
+    local = SqsSettings.from_values({"queue_url": "http://localhost:9324/000000000000/orders.fifo"}, DEFAULT_LIMITS)
     assert (local.fifo, local.region_from_url(), local.endpoint_url) == (True, None, "http://localhost:9324")
 
 
@@ -169,14 +173,14 @@ def test_no_region_anywhere_is_a_config_error(monkeypatch: pytest.MonkeyPatch, t
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     with pytest.raises(ConfigError, match="no AWS region for SQS: pass --region"):
-        create({"queue_url": "http://localhost:9324/000000000000/orders"})
+        create({"queue_url": "http://localhost:9324/000000000000/orders"}, DEFAULT_LIMITS)
 
 
 async def test_client_keeps_sdk_retries_small_with_explicit_timeouts(
     make_queue: Callable[..., str],  # noqa: F811
 ) -> None:
-    values = {"queue_url": make_queue(), "region": "us-east-1", "workers": 2, "batch_size": 50}
-    p = create(values)
+    values = {"queue_url": make_queue(), "region": "us-east-1"}
+    p = create(values, replace(DEFAULT_LIMITS, workers=2, batch_size=50))
     await p.start()
     try:
         config: Any = p.client.meta.config

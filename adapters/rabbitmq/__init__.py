@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from adapters.rabbitmq.settings import OPTIONS, RabbitSettings
+from relay.contract import PublishLimits
 
 if TYPE_CHECKING:
     from adapters.rabbitmq.publisher import RabbitPublisher
@@ -22,9 +23,10 @@ if TYPE_CHECKING:
 __all__ = ["OPTIONS", "RabbitSettings", "create"]
 
 
-def create(values: Mapping[str, Any]) -> RabbitPublisher:
-    """The publisher for resolved option ``values``; a bad option raises ``relay.ConfigError``."""
-    settings = RabbitSettings.from_values(values)
+def create(values: Mapping[str, Any], limits: PublishLimits) -> RabbitPublisher:
+    """The publisher for resolved option ``values`` and the core's ``limits``; a bad option
+    raises ``relay.ConfigError``."""
+    settings = RabbitSettings.from_values(values, limits)
     # Imported here so that only a relay that publishes to RabbitMQ loads aio-pika.
     from adapters.rabbitmq.publisher import RabbitPublisher
 

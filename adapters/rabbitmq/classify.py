@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import aiormq.exceptions as amqp_errors
 from pamqp import commands
 
-from adapters.base import Outcome
 from adapters.rabbitmq.envelope import Envelope
 from adapters.rabbitmq.settings import RabbitSettings
+from relay.contract import Outcome
 from relay.errors import BrokerUnavailable, PermanentError, RetryableError
 
 NO_ROUTE = 312

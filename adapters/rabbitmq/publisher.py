@@ -20,7 +20,6 @@ import aio_pika.exceptions
 import aiormq
 import aiormq.exceptions as amqp_errors
 
-from adapters.base import Outcome
 from adapters.rabbitmq.classify import (
     HELD,
     NOT_SENT,
@@ -34,6 +33,7 @@ from adapters.rabbitmq.classify import (
 from adapters.rabbitmq.classify import exchange_missing as exchange_missing_fault
 from adapters.rabbitmq.envelope import MIN_FRAME_MAX, Envelope, build
 from adapters.rabbitmq.settings import RabbitSettings
+from relay.contract import Outcome
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError
 from relay.message import OutboxMessage
@@ -70,7 +70,7 @@ class _Lane:
 
 
 class RabbitPublisher:
-    """Publishes outbox messages to one exchange; see :class:`adapters.base.Publisher`.
+    """Publishes outbox messages to one exchange; see :class:`relay.contract.Publisher`.
 
     A message counts as delivered only when the broker acked it on a confirm channel.
     Every failure aio-pika or the broker reports is sorted into the relay's failure

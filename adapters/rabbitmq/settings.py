@@ -10,10 +10,11 @@ from datetime import timedelta
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from relay.config import Option
+from relay.contract import DEFAULT_PUBLISH_TIMEOUT, PublishLimits
 from relay.dsn import describe_url, url_problem
 from relay.errors import ConfigError
 from relay.message import OutboxMessage
+from relay.options import Option
 
 SECTION = "rabbitmq"
 
@@ -26,7 +27,6 @@ RABBITMQ_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 # --publish-timeout: it then still has time to hand back the confirms it did get, where
 # the relay's own deadline would count the whole batch as unconfirmed.
 CONFIRM_SHARE_OF_PUBLISH_TIMEOUT = 0.8
-DEFAULT_PUBLISH_TIMEOUT = timedelta(seconds=20)
 
 ROUTING_FIELDS = ("aggregate_type", "aggregate_id", "event_type")
 
@@ -175,9 +175,9 @@ class RabbitSettings:
             raise ConfigError("invalid --publish-confirm-timeout: must be longer than zero")
 
     @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> RabbitSettings:
-        """Build from resolved option values (``relay.config.resolve``), which also hold the
-        core options such as ``publish_timeout``."""
+    def from_values(cls, values: Mapping[str, Any], limits: PublishLimits) -> RabbitSettings:
+        """Build from resolved option values (``relay.options.resolve``) and the core's
+        ``limits`` (the confirm timeout defaults to a share of the publish timeout)."""
         url = values.get("amqp_url")
         if not url:
             raise ConfigError(
@@ -185,8 +185,7 @@ class RabbitSettings:
             )
         confirm = values.get("publish_confirm_timeout")
         if confirm is None:
-            publish_timeout = values.get("publish_timeout") or DEFAULT_PUBLISH_TIMEOUT
-            confirm = publish_timeout * CONFIRM_SHARE_OF_PUBLISH_TIMEOUT
+            confirm = limits.publish_timeout * CONFIRM_SHARE_OF_PUBLISH_TIMEOUT
         return cls(
             url=str(url),
             exchange=values.get("exchange") or "",

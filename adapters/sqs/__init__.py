@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from adapters.sqs.settings import OPTIONS, SqsSettings
+from relay.contract import PublishLimits
 
 if TYPE_CHECKING:
     from adapters.sqs.publisher import SqsPublisher
@@ -39,13 +39,14 @@ __all__ = ["OPTIONS", "SqsSettings", "create"]
 log = logging.getLogger("adapters.sqs")
 
 
-def create(values: Mapping[str, Any]) -> SqsPublisher:
-    """Build the publisher from resolved option values; ``relay.ConfigError`` on bad settings."""
+def create(values: Mapping[str, Any], limits: PublishLimits) -> SqsPublisher:
+    """Build the publisher from resolved option values and the core's limits;
+    ``relay.ConfigError`` on bad settings."""
     from adapters.sqs.publisher import SqsPublisher
 
-    settings = SqsSettings.from_values(values)
-    publish_timeout = values.get("publish_timeout")
-    if isinstance(publish_timeout, timedelta) and settings.worst_call_s() >= publish_timeout.total_seconds():
+    settings = SqsSettings.from_values(values, limits)
+    publish_timeout = limits.publish_timeout
+    if settings.worst_call_s() >= publish_timeout.total_seconds():
         log.warning(
             "one SQS call may take up to %.0fs (%d SDK attempts x (connect %gs + read %gs)), not less than"
             " --publish-timeout %gs: slow calls will be cut off and retried by the relay",

@@ -20,7 +20,6 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from adapters.base import Outcome
 from adapters.sqs.classify import (
     ACCESS_DENIED,
     CREDENTIALS,
@@ -31,6 +30,7 @@ from adapters.sqs.classify import (
 )
 from adapters.sqs.entries import Entry, pack, prepare
 from adapters.sqs.settings import SqsSettings
+from relay.contract import Outcome
 from relay.dsn import describe_url
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
 from relay.message import OutboxMessage

@@ -15,9 +15,10 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from relay.config import Option
+from relay.contract import PublishLimits
 from relay.dsn import describe_url, register_secret
 from relay.errors import ConfigError
+from relay.options import Option
 
 # SendMessageBatch takes at most ten entries: an SQS limit, not a tuning knob.
 MAX_BATCH_ENTRIES = 10
@@ -165,8 +166,8 @@ class SqsSettings:
         return self.sdk_attempts * (self.connect_timeout_s + self.read_timeout_s) + backoff
 
     @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> SqsSettings:
-        """Check resolved option values (see :func:`relay.config.resolve`).
+    def from_values(cls, values: Mapping[str, Any], limits: PublishLimits) -> SqsSettings:
+        """Check resolved option values (see :func:`relay.options.resolve`).
 
         Raises :class:`relay.ConfigError` for what no retry can fix: no queue URL, a queue
         URL or endpoint that is not an http(s) URL, a zero timeout.
@@ -191,8 +192,6 @@ class SqsSettings:
         region = (values.get("region") or "").strip() or None
         connect = _seconds(values.get("sqs_connect_timeout"), "--sqs-connect-timeout", 2.0)
         read = _seconds(values.get("sqs_read_timeout"), "--sqs-read-timeout", 5.0)
-        workers = int(values.get("workers") or 4)
-        batch_size = int(values.get("batch_size") or 100)
         return cls(
             queue_url=queue_url,
             region=region,
@@ -201,7 +200,7 @@ class SqsSettings:
             read_timeout_s=read,
             sdk_attempts=int(values.get("sqs_sdk_attempts") or 2),
             max_message_bytes=int(values.get("sqs_max_message_size") or SQS_MAX_MESSAGE_BYTES),
-            concurrency=concurrency_for(workers, batch_size),
+            concurrency=concurrency_for(limits.workers, limits.batch_size),
         )
 
 

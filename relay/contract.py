@@ -1,8 +1,15 @@
-"""The publisher contract every broker adapter implements."""
+"""The publisher contract: what the core asks of every broker adapter, and what it tells
+one when it builds it.
+
+The core owns this contract; adapters (``adapters/``) import it, never the reverse. The
+core reaches a concrete adapter only through :mod:`adapters.registry`, which the CLI calls.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Protocol
 
 from relay.message import OutboxMessage
@@ -41,3 +48,23 @@ class Publisher(Protocol):
     async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]: ...
 
     async def close(self) -> None: ...
+
+
+# The core's default for --publish-timeout, for adapters' own defaults derived from it.
+DEFAULT_PUBLISH_TIMEOUT = timedelta(seconds=20)
+
+
+@dataclass(frozen=True)
+class PublishLimits:
+    """The core settings an adapter sizes itself by, passed to it when it is built: an
+    adapter never reads the core's options itself.
+
+    :param publish_timeout: the relay cancels a batch's publish after this long, so the
+        adapter's own timeouts (confirms, SDK calls) should end inside it.
+    :param workers: dispatch loops that may call ``publish`` at once.
+    :param batch_size: messages one ``publish`` receives at most.
+    """
+
+    publish_timeout: timedelta
+    workers: int
+    batch_size: int
