@@ -31,7 +31,7 @@ from relay.config import (
 )
 from relay.db import connect
 from relay.dsn import mask
-from relay.errors import ConfigError, DatabaseUnavailable
+from relay.errors import ConfigError, DatabaseUnavailable, first_line
 from relay.migrate import migrate as apply_migrations
 from relay.migrate import pg_message
 from relay.options import Option, check_file_keys, load_file, resolve
@@ -237,8 +237,7 @@ def _joined(text: str) -> str:
 
 def _first_line(text: str) -> str:
     """The first non-empty line of someone else's message, masked, cut to :data:`ERROR_LINE_MAX`."""
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    line = mask(first)
+    line = mask(first_line(text))
     return line if len(line) <= ERROR_LINE_MAX else line[: ERROR_LINE_MAX - 3] + "..."
 
 

@@ -41,7 +41,7 @@ from relay.deadletters import (
 )
 from relay.dsn import describe_dsn, mask
 from relay.durations import format_bound, format_duration, is_duration_syntax, parse_duration
-from relay.errors import ConfigError, DatabaseUnavailable, shown
+from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
 from relay.explain import explain
 from relay.explain import render_text as render_explanation
 from relay.ids import parse_outbox_id
@@ -506,8 +506,7 @@ async def _watch(
 
 
 def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return mask(lines[0] if lines else type(exc).__name__)
+    return mask(first_line(exc))
 
 
 def _run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:

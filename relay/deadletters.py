@@ -29,7 +29,7 @@ from typing import Any, Literal
 from psycopg.rows import dict_row
 
 from relay.dsn import mask
-from relay.errors import ConfigError
+from relay.errors import ConfigError, first_line
 from relay.message import log_fields
 from relay.sqlnames import OutboxNames
 from relay.status import Conn, age_text, ops_query
@@ -189,7 +189,7 @@ def fingerprint(error: str | None) -> str:
     """``error`` with its varying parts replaced (first line only), for grouping."""
     if not error or not error.strip():
         return "(no error recorded)"
-    text = error.strip().splitlines()[0]
+    text = first_line(error)
     for pattern, replacement in _NORMALISE:
         text = pattern.sub(replacement, text)
     return text.strip()[:FINGERPRINT_MAX]

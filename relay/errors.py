@@ -68,3 +68,14 @@ def shown(value: object, limit: int = SHOWN_MAX) -> str:
         return f"{value[:limit]!r}... ({len(value):,} characters)"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def first_line(error: BaseException | str) -> str:
+    """The first non-empty line of an error's text, stripped: what one log or error line
+    quotes of someone else's message. An exception with no message gives its type's name
+    (a blank line would say nothing); a text with none gives ''."""
+    text = str(error)
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    if not line and isinstance(error, BaseException):
+        return type(error).__name__
+    return line

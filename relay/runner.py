@@ -20,13 +20,13 @@ from relay.config import RelaySettings
 from relay.contract import Publisher
 from relay.db import check_schema, connect, open_pool
 from relay.dbtext import SQL_ASCII, server_encoding
-from relay.errors import DatabaseUnavailable
+from relay.errors import DatabaseUnavailable, first_line
 from relay.oversize import OversizeTurn
 from relay.shared_settings import Given, SharedSettings, disagreements, read_settings
 from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
 from relay.wakeup import Presence, listen
-from relay.worker import Worker, WorkerStats, first_line
+from relay.worker import Worker, WorkerStats
 
 log = logging.getLogger("relay.runner")
 

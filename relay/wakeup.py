@@ -28,7 +28,7 @@ from psycopg import sql
 
 from relay.backoff import Backoff
 from relay.db import connect
-from relay.errors import DatabaseUnavailable
+from relay.errors import DatabaseUnavailable, first_line
 from relay.sleep import sleep_unless_stopped
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
@@ -269,7 +269,7 @@ class Presence:
                     " needlessly until it can: %s",
                     "idle" if want else "working" if want is False else "gone",
                     self._store.names.qualified,
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                    first_line(exc),
                 )
             self._unsure = True
             return False

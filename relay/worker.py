@@ -21,7 +21,7 @@ from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
 from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher
 from relay.decide import TIMEOUT_PREFIX, Policy, describe, failure_class, is_classified
-from relay.errors import BrokerUnavailable, RetryableError
+from relay.errors import BrokerUnavailable, RetryableError, first_line
 from relay.message import Decision, OutboxMessage, log_fields
 from relay.oversize import OversizeTurn
 from relay.sleep import sleep_unless_stopped
@@ -552,8 +552,3 @@ def _log_unclassified(outcomes: Sequence[Outcome]) -> None:
             "unclassified publisher error (a bug in the adapter): the messages go to dead",
             exc_info=(type(outcome), outcome, outcome.__traceback__),
         )
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
