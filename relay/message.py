@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,11 @@ def log_fields(outbox_id: int, aggregate_id: str, event_type: str, lease_version
     }
 
 
-Kind = Literal["published", "retry", "defer", "dead", "released", "broker_unavailable"]
+# What became of one message: the Decision's kind, the `outcome` label of
+# outbox_relay_messages_total, the WorkerStats counter and the log's "outcome" field, one
+# spelling everywhere.
+Kind = Literal["published", "retried", "deferred", "dead", "released", "broker_unavailable"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
 Status = Literal["done", "pending", "dead"]
 
 
@@ -70,11 +74,11 @@ class Decision:
 
     @classmethod
     def retry(cls, message: OutboxMessage, delay_s: float, error: str) -> Decision:
-        return cls(message, "retry", "pending", delay_s=delay_s, error=error)
+        return cls(message, "retried", "pending", delay_s=delay_s, error=error)
 
     @classmethod
     def defer(cls, message: OutboxMessage, delay_s: float, reason: str) -> Decision:
-        return cls(message, "defer", "pending", delay_s=delay_s, error=f"deferred: {reason}", refund=True)
+        return cls(message, "deferred", "pending", delay_s=delay_s, error=f"deferred: {reason}", refund=True)
 
     @classmethod
     def dead(cls, message: OutboxMessage, error: str) -> Decision:

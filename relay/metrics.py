@@ -20,13 +20,12 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from relay.message import Decision
+from relay.message import KINDS, Decision
 from relay.sqlnames import OutboxNames
 from relay.status import Conn, StatusSummary, read_summary
 
-OUTCOMES: Final = ("published", "retried", "deferred", "dead", "released", "broker_unavailable")
-# relay.message.Decision kinds that are spelled differently as outcomes.
-_KIND_OUTCOME: Final = {"retry": "retried", "defer": "deferred"}
+# The `outcome` label: what became of a message, as relay.message.Decision names it.
+OUTCOMES: Final = KINDS
 
 # Failure classes of relay.errors and the relay's own verdicts, for outbox_relay_failures_total.
 FAILURE_CLASSES: Final = (
@@ -136,9 +135,7 @@ class RelayMetrics:
         return event_type
 
     def messages(self, event_type: str, outcome: str, n: int = 1) -> None:
-        """Count ``n`` messages of ``event_type`` finalized with ``outcome`` (an outcome of
-        :data:`OUTCOMES`, or a :class:`relay.message.Decision` kind such as ``retry``)."""
-        outcome = _KIND_OUTCOME.get(outcome, outcome)
+        """Count ``n`` messages of ``event_type`` finalized with ``outcome`` (one of :data:`OUTCOMES`)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
         self.messages_total.labels(event_type=self.event_type_label(event_type), outcome=outcome).inc(n)

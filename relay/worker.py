@@ -22,7 +22,7 @@ from relay.breaker import CircuitBreaker
 from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher
 from relay.decide import TIMEOUT_PREFIX, Policy, describe, failure_class, is_classified
 from relay.errors import BrokerUnavailable, RetryableError, first_line
-from relay.message import Decision, OutboxMessage, log_fields
+from relay.message import Decision, Kind, OutboxMessage, log_fields
 from relay.oversize import OversizeTurn
 from relay.sleep import sleep_unless_stopped
 from relay.store import DEFAULT_BATCH_BYTES, OutboxStore, Reaped
@@ -113,7 +113,7 @@ class WorkerStats:
 class MetricsSink(Protocol):
     """What the loop reports (relay.metrics.RelayMetrics implements it)."""
 
-    def messages(self, event_type: str, outcome: str, n: int = 1) -> None: ...
+    def messages(self, event_type: str, outcome: Kind, n: int = 1) -> None: ...
 
     def failure(self, event_type: str, error_class: str, n: int = 1) -> None: ...
 
@@ -523,22 +523,15 @@ class Worker:
             self._count(d)
             if d.kind == "dead":
                 log.error("message sent to dead: %s", d.error, extra=fields)
-            elif d.kind == "retry":
+            elif d.kind == "retried":
                 log.info("message rescheduled in %.1fs: %s", d.delay_s, d.error, extra=fields)
-            elif d.kind == "defer":
+            elif d.kind == "deferred":
                 log.info("message deferred for %.1fs: %s", d.delay_s, d.error, extra=fields)
 
     def _count(self, d: Decision) -> None:
-        outcome = {
-            "published": "published",
-            "retry": "retried",
-            "defer": "deferred",
-            "dead": "dead",
-            "released": "released",
-            "broker_unavailable": "broker_unavailable",
-        }[d.kind]
-        setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
-        self.metrics.messages(d.message.event_type, outcome)
+        # WorkerStats has one counter per Decision kind, named as the kind.
+        setattr(self.stats, d.kind, getattr(self.stats, d.kind) + 1)
+        self.metrics.messages(d.message.event_type, d.kind)
 
 
 def _log_unclassified(outcomes: Sequence[Outcome]) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import psycopg
 import pytest
@@ -14,11 +14,12 @@ from prometheus_client import REGISTRY
 
 from relay import httpd
 from relay.httpd import ReadyCheck, all_ready, database_check, pool_check, serve
-from relay.message import Decision, OutboxMessage
-from relay.metrics import RelayMetrics
+from relay.message import KINDS, Decision, OutboxMessage
+from relay.metrics import OUTCOMES, RelayMetrics
 from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
+from relay.worker import WorkerStats
 from tests.conftest import Db
 from tests.test_ops_helpers import build_scene
 
@@ -57,11 +58,27 @@ def message(i: int, event_type: str = "OrderPaid") -> OutboxMessage:
     )
 
 
+def test_one_outcome_vocabulary_for_decisions_stats_and_metrics() -> None:
+    # A Decision's kind is the WorkerStats counter and the metric label it feeds, as spelled.
+    assert set(KINDS) <= {f.name for f in fields(WorkerStats)}
+    assert OUTCOMES == KINDS
+    m = message(1)
+    made = [
+        Decision.published(m),
+        Decision.retry(m, 1.0, "x"),
+        Decision.defer(m, 1.0, "x"),
+        Decision.dead(m, "x"),
+        Decision.released(m),
+        Decision.broker_unavailable(m, 1.0, "x"),
+    ]
+    assert {d.kind for d in made} == set(KINDS)
+
+
 def test_counters_by_event_type_and_outcome() -> None:
     m = RelayMetrics()
     assert m.registry is not REGISTRY  # a registry of its own, never the global one
     m.messages("OrderPaid", "published", n=3)
-    m.messages("OrderPaid", "retry")  # a Decision kind is accepted and spelled as its outcome
+    m.messages("OrderPaid", "retried")
     m.messages("OrderPaid", "deferred")
     m.decisions([Decision.published(message(1)), Decision.dead(message(2), "boom")], refused=[2])
     m.failure("OrderPaid", "permanent")
