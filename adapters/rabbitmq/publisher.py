@@ -20,6 +20,7 @@ import aio_pika.exceptions
 import aiormq
 import aiormq.exceptions as amqp_errors
 
+from adapters.outage import OutageLog
 from adapters.rabbitmq.classify import (
     HELD,
     NOT_SENT,
@@ -89,7 +90,7 @@ class RabbitPublisher:
         self._idle: list[_Lane] = []
         self._frame_max = MIN_FRAME_MAX
         self._learned_max_size: int | None = None
-        self._outage = OutageLog()
+        self._outage = OutageLog(log, "RabbitMQ")
         self._quiet = QuietReconnects()
         self._closing = False
         self._background: set[asyncio.Task[None]] = set()
@@ -244,7 +245,7 @@ class RabbitPublisher:
             task.add_done_callback(self._background.discard)
 
     def _unreachable(self, why: str) -> BrokerUnavailable:
-        # The same text for the whole outage, so that it is logged once (OutageLog).
+        # The same text for the whole outage, so that it is logged once (adapters.outage).
         log.debug("RabbitMQ at %s is unreachable: %s", self.settings.where, why)
         return BrokerUnavailable(
             f"RabbitMQ at {self.settings.where} is unreachable (reconnecting every"
@@ -437,24 +438,6 @@ async def _close_channel(channel: aio_pika.abc.AbstractChannel) -> None:
         return
     with contextlib.suppress(*_CHANNEL_ERRORS, asyncio.CancelledError):
         await asyncio.wait_for(channel.close(), CHANNEL_CLOSE_TIMEOUT_S)
-
-
-class OutageLog:
-    """One ERROR line when the broker starts refusing every message (or the reason
-    changes), one INFO line when delivery resumes; nothing per batch in between."""
-
-    def __init__(self) -> None:
-        self.current: str | None = None
-
-    def refused(self, reason: str) -> None:
-        if reason != self.current:
-            log.error("RabbitMQ refuses every message: %s; retrying with backoff", reason)
-            self.current = reason
-
-    def delivered(self) -> None:
-        if self.current is not None:
-            log.info("RabbitMQ delivery resumed (was: %s)", self.current)
-            self.current = None
 
 
 class QuietReconnects(logging.Filter):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from adapters.outage import OutageLog
 from adapters.sqs.classify import (
     ACCESS_DENIED,
     CREDENTIALS,
@@ -57,39 +57,6 @@ class SqsStats:
     splits: int = 0  # refused requests resent as two smaller ones
 
 
-class QueueHealth:
-    """Says once, not once per message or batch, that the queue refuses everything, and
-    says when delivery resumes."""
-
-    def __init__(self, queue: str) -> None:
-        self.queue = queue
-        self.reason: str | None = None
-        self._since = 0.0
-
-    def refused(self, fault: Fault) -> None:
-        if fault.code == self.reason:
-            return
-        if self.reason is None:
-            self._since = time.monotonic()
-        self.reason = fault.code
-        log.error(
-            "SQS queue %s is unavailable (%s); messages stay pending without spending attempts,"
-            " and workers try again every few seconds until it is fixed",
-            self.queue,
-            fault.text(),
-        )
-
-    def delivered(self) -> None:
-        if self.reason is None:
-            return
-        log.info(
-            "SQS queue %s is available again after %.1fs; delivery resumed",
-            self.queue,
-            time.monotonic() - self._since,
-        )
-        self.reason = None
-
-
 class SqsPublisher:
     """Publishes outbox messages to one SQS queue, standard or FIFO.
 
@@ -118,7 +85,7 @@ class SqsPublisher:
         self.max_message_bytes = settings.max_message_bytes
         self.queue = describe_url(settings.queue_url)
         self.stats = SqsStats()
-        self.health = QueueHealth(self.queue)
+        self.health = OutageLog(log, f"SQS queue {self.queue}")
         self._client: SQSClient | None = None
         self._executor: ThreadPoolExecutor | None = None
 
@@ -194,7 +161,7 @@ class SqsPublisher:
                 # Send-only roles commonly lack sqs:GetQueueAttributes; sending may still work.
                 log.info("cannot read the attributes of SQS queue %s (%s); using defaults", self.queue, fault.code)
             elif fault.kind == "outage":
-                self.health.refused(fault)
+                self.health.refused(fault.text(), key=fault.code)
             else:
                 log.warning("cannot read the attributes of SQS queue %s yet: %s", self.queue, fault.text())
             return
@@ -245,7 +212,7 @@ class SqsPublisher:
     def outcome(self, fault: Fault) -> BaseException:
         """The relay's failure class for ``fault``; outages are also reported to :attr:`health`."""
         if fault.kind == "outage":
-            self.health.refused(fault)
+            self.health.refused(fault.text(), key=fault.code)
             return BrokerUnavailable(f"SQS queue {self.queue} unavailable: {fault.text()}")
         if fault.kind == "permanent":
             return PermanentError(f"SQS refused the message: {fault.text()}")
