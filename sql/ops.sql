@@ -11,7 +11,8 @@
 --                                                      <table>_fresh_idx (committed, not numbered yet;
 --                                                      it holds such dead rows too)
 --   ordered AND status ... AND aggregate_seq IS NOT NULL
---                                                      <table>_aggregate_seq_idx, by aggregate (0004)
+--                                                      <table>_aggregate_seq_idx, by aggregate (0004);
+--                                                      read through <table>_unfinished_ordered (0009)
 --   status = 'processing'                              <table>_leased_idx
 --   status = 'dead'                                    <table>_dead_idx (0003)
 -- and done rows only through the primary key, a chunk at a time (prune).
@@ -46,12 +47,7 @@ WITH unordered AS (
       FROM {outbox} AS o
       JOIN {q_heads} AS h ON h.aggregate_id = o.aggregate_id AND h.head_id = o.id
      CROSS JOIN LATERAL (
-            SELECT count(*) - 1 AS behind
-              FROM {outbox} AS b
-             WHERE b.aggregate_id = o.aggregate_id
-               AND b.ordered
-               AND b.status IN ('pending', 'processing', 'dead')
-               AND b.aggregate_seq IS NOT NULL
+            SELECT count(*) - 1 AS behind FROM {q_unfinished_ordered}(o.aggregate_id)
            ) AS w
      WHERE o.status = 'dead'
 ), rel AS (
@@ -134,18 +130,14 @@ SELECT now() AS now,
 -- explain_ordered --
 -- An aggregate's unfinished ordered rows: the numbered ones by status, and those committed but not numbered by an ingest yet.
 SELECT count(*) AS n,
-       count(*) FILTER (WHERE status = 'pending') AS pending,
-       count(*) FILTER (WHERE status = 'processing') AS processing,
-       count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE u.status = 'pending') AS pending,
+       count(*) FILTER (WHERE u.status = 'processing') AS processing,
+       count(*) FILTER (WHERE u.status = 'dead') AS dead,
        (SELECT count(*)
           FROM {outbox}
          WHERE status = 'pending' AND ordered AND aggregate_seq IS NULL
            AND aggregate_id = %(aggregate_id)s) AS not_numbered
-  FROM {outbox}
- WHERE aggregate_id = %(aggregate_id)s
-   AND ordered
-   AND status IN ('pending', 'processing', 'dead')
-   AND aggregate_seq IS NOT NULL;
+  FROM {q_unfinished_ordered}(%(aggregate_id)s) AS u;
 
 -- explain_unordered --
 -- An aggregate's unfinished unordered rows by status (through the claim's partial indexes: a scan of that backlog, never of the history).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -163,3 +164,22 @@ async def test_a_row_marked_dead_by_hand_before_it_was_numbered_still_blocks(sto
     assert await claim_ids(store) == []  # numbered first, and dead: the aggregate waits behind it
     assert [r["aggregate_seq"] for r in db.rows()] == [1, 2]
     assert heads(db) == {"a": (ids[0], False)}
+
+
+def test_the_unfinished_ordered_rows_function_is_inlined_into_its_callers(db: Db) -> None:
+    # The heads trigger, relay status and relay explain read an aggregate's unfinished
+    # ordered rows through one SQL function (0009); PostgreSQL must inline it, so each
+    # caller keeps the index scan the filter written out had, with no call per row.
+    db.insert([("a", "OrderPlaced", {})] * 3)
+    function = db.names.identifier("q_unfinished_ordered")
+    query = sql.SQL("EXPLAIN (FORMAT JSON) SELECT u.id FROM {}(%s) AS u ORDER BY u.aggregate_seq LIMIT 1").format(
+        function
+    )
+    db.conn.execute("SET enable_seqscan = off")  # a tiny table: the plan the real size gets
+    try:
+        [(plan,)] = db.conn.execute(query, ("a",)).fetchall()
+    finally:
+        db.conn.execute("RESET enable_seqscan")
+    text = json.dumps(plan)
+    assert "Function Scan" not in text, text
+    assert f"{db.names.table}_aggregate_seq_idx" in text, text

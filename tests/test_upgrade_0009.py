@@ -1,0 +1,68 @@
+"""`relay migrate` from 0008 to 0009 (one definition of an aggregate's unfinished ordered
+rows), in place, with an aggregate mid-way: its head moves on as before."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from relay.message import Decision
+from relay.migrate import migrate
+from relay.sqlnames import OutboxNames
+from relay.store import OutboxStore
+from tests.helpers import create_outbox_at
+
+LEASE = timedelta(seconds=30)
+
+
+@pytest.fixture
+async def old_names(pg_dsn: str) -> AsyncIterator[OutboxNames]:
+    """An outbox at migration 0008, as the release before 0009 left it."""
+    names = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="outbox")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        create_outbox_at(conn, names, 8)
+    yield names
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
+
+
+async def test_heads_move_on_in_order_across_the_upgrade(
+    pg_dsn: str, old_names: OutboxNames, pool: AsyncConnectionPool[Any]
+) -> None:
+    names = old_names
+    table = sql.Identifier(names.schema, names.table)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        ids = [
+            row[0]
+            for row in conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+                    " SELECT 'order', 'a', 'OrderPlaced', '{{}}' FROM generate_series(1, 3) RETURNING id"
+                ).format(table)
+            ).fetchall()
+        ]
+    store = OutboxStore(pool, names)
+    first = await store.claim(owner="old", batch=10, lease=LEASE, max_attempts=3)
+    assert [m.id for m in first.messages] == ids[:1]  # numbered and leased before the upgrade
+
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        result = await migrate(conn, names)
+    assert result.applied == ["0009_unfinished_ordered"]
+
+    # The head leased under 0008 finishes under 0009: the heads trigger, now reading the
+    # function, hands the aggregate to the next number, and so on to the end.
+    delivered = []
+    leased = first.messages
+    while leased:
+        assert len(leased) == 1, "only the head of an aggregate may be in flight"
+        delivered.append(leased[0].id)
+        assert await store.finalize([Decision.published(leased[0])]) == set()
+        leased = (await store.claim(owner="new", batch=10, lease=LEASE, max_attempts=3)).messages
+    assert delivered == ids
