@@ -11,6 +11,9 @@ from functools import cache
 from pathlib import Path
 
 _HEADER = re.compile(r"^-- (?P<name>[a-z_][a-z0-9_]*) --$", re.MULTILINE)
+# DDL to read and to compare with the migrations (tests/test_schema_file.py), not named
+# statements: the one file under sql/ that named_queries() skips.
+_SCHEMA = "schema.sql"
 
 
 def sql_dir() -> Path:
@@ -24,9 +27,12 @@ def sql_dir() -> Path:
 @cache
 def named_queries() -> dict[str, str]:
     """Every named statement of ``sql/*.sql`` (the dispatch path's ``queries.sql``, the
-    operator tools' ``ops.sql``) as ``{name: statement}``, parsed once per process."""
+    operator tools' ``ops.sql``; not ``schema.sql``) as ``{name: statement}``, parsed once
+    per process."""
     queries: dict[str, str] = {}
     for path in sorted(sql_dir().glob("*.sql")):
+        if path.name == _SCHEMA:
+            continue
         for name, statement in _parse(path.read_text(encoding="utf-8")).items():
             if name in queries:
                 raise ValueError(f"query {name!r} is defined twice under sql/")
@@ -60,3 +66,9 @@ def migrations() -> list[tuple[int, str, str]]:
     if len(set(versions)) != len(versions):
         raise ValueError("two migration files share a number")
     return found
+
+
+def schema_sql() -> str:
+    """``sql/schema.sql``: what an empty schema holds after every migration, with the
+    migrations' placeholders (render it with :meth:`relay.sqlnames.OutboxNames.render`)."""
+    return (sql_dir() / _SCHEMA).read_text(encoding="utf-8")
