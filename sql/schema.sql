@@ -1,5 +1,5 @@
 -- The schema of one outbox as an empty schema holds it after every migration (0001 to
--- 0008), in one file to read: each object in its final form, with why it is there. Objects
+-- 0009), in one file to read: each object in its final form, with why it is there. Objects
 -- a later migration dropped are absent, functions appear in their last version, and what
 -- only converted existing rows (back-fills, renumbering) is left out: there are none here.
 --
@@ -291,6 +291,23 @@ CREATE TABLE {q_heads} (
 
 CREATE INDEX {n_heads_ready_idx} ON {q_heads} (ready_at) WHERE ready_at IS NOT NULL;
 
+-- An aggregate's unfinished ordered rows (numbered, and pending, processing or dead): what
+-- the heads trigger chooses the next head from, what `relay status` counts behind a dead
+-- head and what `relay explain` counts, defined once. A plain SQL function, STABLE and not
+-- STRICT, so PostgreSQL inlines it into each caller's plan: the same index scan on
+-- <table>_aggregate_seq_idx as the filter written out, and no function call per row.
+CREATE FUNCTION {q_unfinished_ordered}(aggregate text)
+RETURNS TABLE (id bigint, status text, available_at timestamptz, aggregate_seq bigint)
+LANGUAGE sql STABLE
+AS $$
+    SELECT o.id, o.status, o.available_at, o.aggregate_seq
+      FROM {outbox} AS o
+     WHERE o.aggregate_id = aggregate
+       AND o.ordered
+       AND o.status IN ('pending', 'processing', 'dead')
+       AND o.aggregate_seq IS NOT NULL
+$$;
+
 -- Keeps every head in step with its row, whoever changes the row: the relay's finalize,
 -- the reaper, an operator's re-drive or skip, or a hand-written UPDATE or DELETE.
 CREATE FUNCTION {q_follow_heads}() RETURNS trigger
@@ -343,13 +360,9 @@ BEGIN
            ready_at = CASE WHEN nxt.status = 'pending' THEN nxt.available_at END
       FROM changed AS n
       LEFT JOIN LATERAL (
-            SELECT o.id, o.status, o.available_at
-              FROM {outbox} AS o
-             WHERE o.aggregate_id = n.aggregate_id
-               AND o.ordered
-               AND o.status IN ('pending', 'processing', 'dead')
-               AND o.aggregate_seq IS NOT NULL
-             ORDER BY o.aggregate_seq
+            SELECT u.id, u.status, u.available_at
+              FROM {q_unfinished_ordered}(n.aggregate_id) AS u
+             ORDER BY u.aggregate_seq
              LIMIT 1
       ) AS nxt ON true
      WHERE n.ordered
@@ -419,4 +432,5 @@ INSERT INTO {q_migrations} (version, name) VALUES
     (5, 'aggregate_id_limit'),
     (6, 'payload_bytes'),
     (7, 'idle_wakeups'),
-    (8, 'cheap_inserts');
+    (8, 'cheap_inserts'),
+    (9, 'unfinished_ordered');
