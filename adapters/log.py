@@ -28,16 +28,7 @@ class LogPublisher:
     async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:
         chunks: list[bytes] = []
         for m in batch:
-            envelope: dict[str, object] = {
-                "outbox_id": m.id,
-                "aggregate_type": m.aggregate_type,
-                "aggregate_id": m.aggregate_id,
-                "event_type": m.event_type,
-                "attempt": m.attempt,
-                "lease_version": m.lease_version,
-            }
-            if m.aggregate_seq is not None:
-                envelope["aggregate_seq"] = m.aggregate_seq
+            envelope = m.envelope()
             # The payload is already JSON text: spliced in as the bytes the claim got,
             # never decoded, re-encoded or joined into one string (each a copy of it).
             chunks += (json.dumps(envelope)[:-1].encode() + b', "payload": ', m.body, b"}\n")

@@ -33,6 +33,23 @@ class OutboxMessage:
         """The payload decoded from JSON (tests and simple publishers)."""
         return json.loads(self.body)
 
+    def envelope(self) -> dict[str, str | int]:
+        """What every broker carries beside the payload (AMQP headers, SQS message
+        attributes, the log broker's JSON), for consumers to de-duplicate (``outbox_id``),
+        route and order by without parsing the body; ``aggregate_seq`` on ordered
+        messages only. Integers stay integers: each adapter types them for its wire."""
+        fields: dict[str, str | int] = {
+            "outbox_id": self.id,
+            "aggregate_type": self.aggregate_type,
+            "aggregate_id": self.aggregate_id,
+            "event_type": self.event_type,
+            "attempt": self.attempt,
+            "lease_version": self.lease_version,
+        }
+        if self.aggregate_seq is not None:
+            fields["aggregate_seq"] = self.aggregate_seq
+        return fields
+
     def log_fields(self) -> dict[str, Any]:
         """The fields every log line about this message carries."""
         return log_fields(self.id, self.aggregate_id, self.event_type, self.lease_version)

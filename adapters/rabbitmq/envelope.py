@@ -48,16 +48,7 @@ class Envelope:
 def headers_for(m: OutboxMessage) -> dict[str, FieldValue]:
     """The headers a consumer de-duplicates and orders by, whatever the routing;
     ``aggregate_seq`` (an integer) on ordered messages only."""
-    headers: dict[str, FieldValue] = {
-        "aggregate_type": m.aggregate_type,
-        "aggregate_id": m.aggregate_id,
-        "event_type": m.event_type,
-        "outbox_id": m.id,
-        "attempt": m.attempt,
-        "lease_version": m.lease_version,
-    }
-    if m.aggregate_seq is not None:
-        headers["aggregate_seq"] = m.aggregate_seq
+    headers: dict[str, FieldValue] = dict(m.envelope())
     return headers
 
 

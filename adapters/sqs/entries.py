@@ -60,17 +60,11 @@ def group_id(aggregate_id: str) -> str:
 
 def attributes(message: OutboxMessage) -> dict[str, MessageAttributeValueTypeDef]:
     """The envelope as SQS message attributes (7 of the 10 SQS allows)."""
-    attrs: dict[str, MessageAttributeValueTypeDef] = {
-        "outbox_id": {"DataType": "Number", "StringValue": str(message.id)},
-        "aggregate_type": {"DataType": "String", "StringValue": message.aggregate_type},
-        "aggregate_id": {"DataType": "String", "StringValue": message.aggregate_id},
-        "event_type": {"DataType": "String", "StringValue": message.event_type},
-        "attempt": {"DataType": "Number", "StringValue": str(message.attempt)},
-        "lease_version": {"DataType": "Number", "StringValue": str(message.lease_version)},
+    return {
+        name: {"DataType": "Number" if isinstance(value, int) else "String", "StringValue": str(value)}
+        for name, value in message.envelope().items()
+        if value != ""  # SQS refuses an empty attribute value
     }
-    if message.aggregate_seq is not None:
-        attrs["aggregate_seq"] = {"DataType": "Number", "StringValue": str(message.aggregate_seq)}
-    return {name: value for name, value in attrs.items() if value.get("StringValue")}
 
 
 def sqs_size(body: bytes, attrs: dict[str, MessageAttributeValueTypeDef]) -> int:

@@ -1,0 +1,145 @@
+"""Imports run one way: no module of relay/ or adapters/ imports one that imports it back,
+directly or through others; the core never imports an adapter or the CLI; adapters never
+import the dispatch path or the CLI. Read from the source with ast, so a lazy import inside
+a function counts as much as one at the top of a file."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("relay", "adapters")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``path`` imports (``from relay import errors`` is relay.errors)."""
+    found: set[str] = set()
+    own = module_name(path)
+    package = own if path.name == "__init__.py" else own.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from . import x, from .sub import y
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {name for name in found if name in modules and name != own}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    return {name: imports_of(path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    # The check below could never fail if this did not.
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles_in_relay_and_adapters() -> None:
+    graph = import_graph()
+    assert len(graph) > 40, sorted(graph)  # the walk found the modules
+    assert cycles(graph) == []
+
+
+def test_the_core_imports_no_adapter_and_no_cli() -> None:
+    graph = import_graph()
+    # The CLI wires the core to the adapters (through adapters.registry): it alone may.
+    core = [m for m in graph if m.startswith("relay") and not m.startswith("relay.cli")]
+    wrong = {m: sorted(d for d in graph[m] if d.startswith(("adapters", "relay.cli"))) for m in core}
+    assert {m: d for m, d in wrong.items() if d} == {}
+
+
+def test_adapters_import_only_the_core_contract_not_the_dispatch_path() -> None:
+    graph = import_graph()
+    # What an adapter may use of the core: the contract, the failure classes and the
+    # message, the option engine, and the text helpers that mask secrets.
+    allowed = {
+        "relay",
+        "relay.contract",
+        "relay.errors",
+        "relay.message",
+        "relay.options",
+        "relay.dsn",
+        "relay.textsafe",
+    }
+    wrong = {
+        m: sorted(d for d in deps if d.startswith("relay") and d not in allowed)
+        for m, deps in graph.items()
+        if m.startswith("adapters")
+    }
+    assert {m: d for m, d in wrong.items() if d} == {}
+
+
+def test_reading_the_brokers_options_loads_no_dispatch_path() -> None:
+    # `relay --help` reads every broker's options: that must not pull in the worker, the
+    # store, the database pool or an SDK.
+    code = (
+        "import sys, adapters.registry; adapters.registry.broker_options();"
+        " loaded = [m for m in ('relay.worker', 'relay.store', 'relay.config', 'psycopg_pool', 'aio_pika', 'boto3')"
+        " if m in sys.modules]; print(','.join(loaded))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == ""
