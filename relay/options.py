@@ -245,6 +245,29 @@ def check_file_keys(data: Mapping[str, Any], known: Iterable[Option], path: str)
             raise ConfigError(f"{path}: unknown key {shown(key)}")
 
 
+@dataclass(frozen=True)
+class Given:
+    """Where an option's value came from, and the value as that source wrote it."""
+
+    source: str  # "command line", the variable ("RELAY_ORDERED") or "config [ordering] ordered"
+    raw: Any
+
+
+def source_of(o: Option, cli: Mapping[str, Any], file: Mapping[str, Any], env: Mapping[str, str]) -> Given | None:
+    """The source that sets ``o``: the command line, else its ``RELAY_*`` variable, else the
+    config file; None when none does (the default applies). The one precedence rule."""
+    raw = cli.get(o.dest)
+    if raw is not None and raw != ():
+        return Given("command line", raw)
+    # An empty variable means "not set", except where empty is an error of its own.
+    if o.env in env and (env[o.env] != "" or o.nonempty):
+        return Given(o.env, env[o.env])
+    table = file.get(o.section, {}) if o.section else file
+    if isinstance(table, Mapping) and o.toml_key in table:
+        return Given(f"config {o.where}", table[o.toml_key])
+    return None
+
+
 def resolve(
     options: Sequence[Option],
     cli: Mapping[str, Any],
@@ -255,19 +278,11 @@ def resolve(
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     for o in options:
-        raw = cli.get(o.dest)
-        if raw is not None and raw != ():
-            values[o.dest] = o.parse(raw, "command line")
-            continue
-        # An empty variable means "not set", except where empty is an error of its own.
-        if o.env in env and (env[o.env] != "" or o.nonempty):
-            values[o.dest] = o.parse(env[o.env], o.env)
-            continue
-        table = file.get(o.section, {}) if o.section else file
-        if o.toml_key in table:
-            values[o.dest] = o.parse(table[o.toml_key], f"config {o.where}")
-            continue
-        values[o.dest] = o.parse(o.default, "default") if o.default is not None else None
+        given = source_of(o, cli, file, env)
+        if given is not None:
+            values[o.dest] = o.parse(given.raw, given.source)
+        else:
+            values[o.dest] = o.parse(o.default, "default") if o.default is not None else None
     for o in options:
         # From here on every mask() replaces these passwords literally, wherever they
         # appear: a client library quoting a piece of a malformed URL is masked too.

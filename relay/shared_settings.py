@@ -26,7 +26,7 @@ from psycopg.rows import dict_row
 
 from relay.config import ORDERING_OPTIONS, START_OPTIONS
 from relay.errors import ConfigError
-from relay.options import Option
+from relay.options import Option, source_of
 from relay.ordering import OrderingMap
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
@@ -208,18 +208,13 @@ def given_settings(
     env: Mapping[str, str],
 ) -> tuple[Given, ...]:
     """The shared settings among ``values`` that came from the command line, a variable or
-    the config file (the same precedence as :func:`relay.options.resolve`); defaults are left out."""
+    the config file (:func:`relay.options.source_of`, as the values were resolved); defaults are left out."""
     found = []
     for o in SHARED_OPTIONS:
-        raw = cli_values.get(o.dest)
-        if raw is not None and raw != ():
-            source = _flag(o, values[o.dest])
-        elif env.get(o.env, "") != "":
-            source = o.env
-        elif o.toml_key in (file.get(o.section, {}) if o.section else file):
-            source = f"config {o.where}"
-        else:
+        given = source_of(o, cli_values, file, env)
+        if given is None:
             continue
+        source = _flag(o, values[o.dest]) if given.source == "command line" else given.source
         found.append(Given(o.dest, values[o.dest], source))
     return tuple(found)
 

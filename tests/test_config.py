@@ -10,7 +10,7 @@ import pytest
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.durations import format_duration, parse_duration
 from relay.errors import ConfigError
-from relay.options import check_file_keys, load_file, resolve
+from relay.options import Given, check_file_keys, load_file, resolve, source_of
 from relay.sqlnames import OutboxNames
 
 OPTIONS = (*CORE_OPTIONS, *START_OPTIONS)
@@ -147,3 +147,15 @@ def test_names_reach_sql_only_as_quoted_identifiers() -> None:
     )
     with pytest.raises(KeyError):
         names.render("SELECT {evil}")
+
+
+def test_source_of_is_the_precedence_resolve_and_the_shared_settings_check_use() -> None:
+    workers = next(o for o in START_OPTIONS if o.dest == "workers")
+    ordered = next(o for o in START_OPTIONS if o.dest == "ordered")
+    file = {"workers": 3, "ordering": {"ordered": ["Order*"]}}
+    env = {"RELAY_WORKERS": "5"}
+    assert source_of(workers, {"workers": "7"}, file, env) == Given("command line", "7")
+    assert source_of(workers, {}, file, env) == Given("RELAY_WORKERS", "5")
+    assert source_of(workers, {}, file, {"RELAY_WORKERS": ""}) == Given("config workers", 3)  # empty: not set
+    assert source_of(ordered, {"ordered": ()}, file, {}) == Given("config [ordering] ordered", ["Order*"])
+    assert source_of(workers, {}, {}, {}) is None  # the default applies
