@@ -11,7 +11,7 @@
   connects, and refuse connections.
 - :class:`RelayProcess`: ``relay start`` as a real subprocess.
 
-Test modules import the fixtures they use: ``from tests.sqs_server import moto_endpoint  # noqa: F401``.
+The fixtures are registered for every test module by ``pytest_plugins`` in tests/conftest.py.
 """
 
 from __future__ import annotations

@@ -30,14 +30,10 @@ from relay.oversize import OversizeTurn
 from relay.sizes import format_size, parse_size
 from relay.store import DEFAULT_BATCH_BYTES, OutboxStore
 from relay.worker import Worker, WorkerConfig
-from tests import rabbitmq_broker
 from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
 from tests.rabbitmq_broker import Rabbit
-from tests.sqs_server import make_queue, moto_endpoint, receive_all, sqs_client  # noqa: F401 - fixtures
-
-amqp = rabbitmq_broker.amqp
-rabbit = rabbitmq_broker.rabbit
+from tests.sqs_server import receive_all
 
 LEASE = timedelta(seconds=30)
 KB = 1000
@@ -273,9 +269,9 @@ async def test_a_message_over_rabbitmqs_size_limit_is_claimed_alone_and_goes_dea
 async def test_a_message_over_the_sqs_size_limit_is_claimed_alone_and_goes_dead_alone(
     make_store: Store,
     db: Db,
-    make_queue: Any,  # noqa: F811
-    moto_endpoint: str,  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Any,
+    moto_endpoint: str,
+    sqs_client: Any,
 ) -> None:
     store = await make_store(OrderingMap(default_ordered=False))
     url = make_queue(fifo=False)

@@ -44,7 +44,6 @@ import pytest
 from psycopg import sql
 
 from relay.sqlnames import OutboxNames
-from tests import rabbitmq_broker, sqs_server
 from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
 from tests.helpers import terminate_relay_sessions
@@ -59,14 +58,6 @@ from tests.producers import (
 )
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, unique
 from tests.sqs_server import receive_all
-
-# The broker fixtures live in tests/rabbitmq_broker.py.
-amqp = rabbitmq_broker.amqp
-ctl = rabbitmq_broker.ctl
-rabbit = rabbitmq_broker.rabbit
-# The SQS fixture lives in tests/sqs_server.py (it also sets the fake AWS credentials the
-# relay processes inherit).
-moto_endpoint = sqs_server.moto_endpoint
 
 pytestmark = pytest.mark.faults
 

@@ -17,15 +17,11 @@ from psycopg import sql
 from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
-from tests import rabbitmq_broker
 from tests.cli_proc import relay_env, run_relay
 from tests.conftest import Db
 from tests.rabbitmq_broker import Rabbit
 from tests.test_ops_helpers import assert_one_line_error, claim_until, kill, run_parallel, target
 from tests.test_rabbitmq_e2e import RelayProcess, relay_args
-
-amqp = rabbitmq_broker.amqp
-rabbit = rabbitmq_broker.rabbit
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 

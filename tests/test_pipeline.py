@@ -33,7 +33,6 @@ from relay.breaker import CircuitBreaker
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.worker import RELEASED_BROKER_REFUSED, Worker, WorkerConfig
-from tests import rabbitmq_broker
 from tests.cli_proc import RELAY, relay_env
 from tests.conftest import Db
 from tests.helpers import make_worker
@@ -41,10 +40,6 @@ from tests.producers import CommitLog, LockedProducers, create_producer_tables, 
 from tests.rabbitmq_broker import AmqpService, Rabbit, TcpProxy
 from tests.test_faults import ORDERED, check_deliveries, read_queue, store_fleet_ordering
 from tests.test_runner import wait_until
-
-amqp = rabbitmq_broker.amqp
-rabbit = rabbitmq_broker.rabbit
-proxy = rabbitmq_broker.proxy
 
 # How long the proxy holds the broker's frames: each publish waits this long for its
 # confirms, the window in which the next batch is leased and waiting.

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from relay.sqlnames import OutboxNames
-from tests import rabbitmq_broker
 from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
 from tests.producers import (
@@ -28,10 +27,6 @@ from tests.producers import (
     produce_unlocked,
 )
 from tests.rabbitmq_broker import AmqpService, Rabbit, unique
-
-# The fixtures live in tests/rabbitmq_broker.py (conftest.py belongs to the core suite).
-amqp = rabbitmq_broker.amqp
-rabbit = rabbitmq_broker.rabbit
 
 
 class RelayProcess:

@@ -28,15 +28,12 @@ from tests.producers import (
     order_violations,
     produce_unlocked,
 )
-from tests.sqs_server import (  # noqa: F401 - fixtures
+from tests.sqs_server import (
     RelayProcess,
-    make_queue,
-    moto_endpoint,
     queue_url,
     receive_all,
     relay_command,
     relay_env,
-    sqs_client,
     unique_queue_name,
     wait_until,
 )
@@ -106,9 +103,9 @@ async def deliver_without_finalizing(url: str, endpoint: str, rows: list[dict[st
 def test_relay_with_three_workers_drains_1000_events_over_50_aggregates_into_a_fifo_queue(
     pg_dsn: str,
     db: Db,
-    make_queue: Any,  # noqa: F811
-    moto_endpoint: str,  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Any,
+    moto_endpoint: str,
+    sqs_client: Any,
 ) -> None:
     url = make_queue(fifo=True)
     asyncio.run(route_by(pg_dsn, db.names, ORDERING))
@@ -177,8 +174,8 @@ def test_relay_with_three_workers_drains_1000_events_over_50_aggregates_into_a_f
 def test_a_queue_created_after_the_relay_started_is_used_within_seconds(
     pg_dsn: str,
     db: Db,
-    moto_endpoint: str,  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    moto_endpoint: str,
+    sqs_client: Any,
     tmp_path: Path,
 ) -> None:
     name = unique_queue_name(fifo=True)
