@@ -18,7 +18,7 @@ from relay.store import OutboxStore
 from tests.cli_proc import run_relay
 from tests.conftest import Db
 from tests.helpers import make_worker
-from tests.test_ops_helpers import (
+from tests.ops_helpers import (
     assert_one_line_error,
     claim_until,
     kill,

@@ -20,7 +20,7 @@ from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.conftest import Db
-from tests.test_ops_helpers import build_scene
+from tests.ops_helpers import build_scene
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 

@@ -33,7 +33,7 @@ from relay.sqlnames import OutboxNames
 from tests.cli_proc import relay_env, run_relay, start_relay
 from tests.conftest import Db
 from tests.helpers import record_listeners
-from tests.test_ops_helpers import assert_one_line_error, relay_json, target
+from tests.ops_helpers import assert_one_line_error, relay_json, target
 from tests.test_runner import settings_for, wait_until
 
 

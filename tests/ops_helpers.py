@@ -1,4 +1,4 @@
-"""Shared arrangements for the operator-tool tests (test_ops_*.py); holds no tests itself.
+"""Shared arrangements for the operator-tool tests (test_ops_*.py) and the CLI tests that reuse them.
 
 Rows reach 'dead', 'processing' and expired leases through the relay's own claim and
 finalize, never by hand, so the heads table is exactly what a running relay would leave.
