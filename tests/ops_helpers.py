@@ -21,8 +21,8 @@ from psycopg import sql
 from relay.message import Decision, OutboxMessage
 from relay.store import OutboxStore
 from relay.worker import Worker
-from tests.cli_proc import run_relay
 from tests.conftest import Db
+from tests.relay_process import run_relay
 
 LEASE = timedelta(seconds=30)
 

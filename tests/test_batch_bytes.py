@@ -30,9 +30,9 @@ from relay.oversize import OversizeTurn
 from relay.sizes import format_size, parse_size
 from relay.store import DEFAULT_BATCH_BYTES, OutboxStore
 from relay.worker import Worker, WorkerConfig
-from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
 from tests.rabbitmq_broker import Rabbit
+from tests.relay_process import RELAY, relay_env, run_relay
 from tests.sqs_server import receive_all
 
 LEASE = timedelta(seconds=30)

@@ -15,8 +15,8 @@ import pytest
 from psycopg import sql
 
 from relay.sqlfiles import migrations
-from tests.cli_proc import relay_env, run_relay, start_relay
 from tests.conftest import Db
+from tests.relay_process import relay_env, run_relay, start_relay
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from relay.decide import describe_text
 from relay.message import Decision
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
-from tests.cli_proc import relay_env, run_relay, start_relay
+from tests.relay_process import relay_env, run_relay, start_relay
 
 OUTBOX = sql.Identifier("public", "outbox")
 

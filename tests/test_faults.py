@@ -44,7 +44,6 @@ import pytest
 from psycopg import sql
 
 from relay.sqlnames import OutboxNames
-from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
 from tests.helpers import terminate_relay_sessions
 from tests.producers import (
@@ -57,6 +56,7 @@ from tests.producers import (
     produce_unlocked,
 )
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, unique
+from tests.relay_process import RELAY, relay_env, run_relay
 from tests.sqs_server import receive_all
 
 pytestmark = pytest.mark.faults

@@ -17,10 +17,10 @@ from psycopg import sql
 from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
-from tests.cli_proc import relay_env, run_relay
 from tests.conftest import Db
 from tests.ops_helpers import assert_one_line_error, claim_until, kill, run_parallel, target
 from tests.rabbitmq_broker import Rabbit
+from tests.relay_process import relay_env, run_relay
 from tests.test_rabbitmq_e2e import RelayProcess, relay_args
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]

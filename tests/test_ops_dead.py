@@ -15,7 +15,6 @@ from relay.cli_ops import _selection
 from relay.deadletters import DeadFilter, fingerprint, group_dead, group_key, list_dead
 from relay.ordering import OrderingMap
 from relay.store import OutboxStore
-from tests.cli_proc import run_relay
 from tests.conftest import Db
 from tests.helpers import make_worker
 from tests.ops_helpers import (
@@ -27,6 +26,7 @@ from tests.ops_helpers import (
     run_until,
     target,
 )
+from tests.relay_process import run_relay
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 

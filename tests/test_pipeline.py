@@ -33,11 +33,11 @@ from relay.breaker import CircuitBreaker
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.worker import RELEASED_BROKER_REFUSED, Worker, WorkerConfig
-from tests.cli_proc import RELAY, relay_env
 from tests.conftest import Db
 from tests.helpers import make_worker
 from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
 from tests.rabbitmq_broker import AmqpService, Rabbit, TcpProxy
+from tests.relay_process import RELAY, relay_env
 from tests.test_faults import ORDERED, check_deliveries, read_queue, store_fleet_ordering
 from tests.test_runner import wait_until
 

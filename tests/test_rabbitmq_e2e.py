@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from relay.sqlnames import OutboxNames
-from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
 from tests.producers import (
     Arrival,
@@ -27,6 +26,7 @@ from tests.producers import (
     produce_unlocked,
 )
 from tests.rabbitmq_broker import AmqpService, Rabbit, unique
+from tests.relay_process import RELAY, relay_env, run_relay
 
 
 class RelayProcess:

@@ -20,7 +20,6 @@ from relay.message import Decision, OutboxMessage
 from relay.ordering import OrderingMap
 from relay.release import parse_ids
 from relay.store import OutboxStore
-from tests.cli_proc import relay_env, run_relay, start_relay
 from tests.conftest import Db
 from tests.ops_helpers import PATIENCE_S, assert_one_line_error, relay_json, run_parallel, target
 from tests.producers import (
@@ -31,6 +30,7 @@ from tests.producers import (
     order_violations,
     produce_unlocked,
 )
+from tests.relay_process import relay_env, run_relay, start_relay
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 LONG_LEASE = timedelta(hours=1)  # the crashed host's: nothing would move for an hour

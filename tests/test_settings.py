@@ -30,10 +30,10 @@ from relay.shared_settings import (
     update_settings,
 )
 from relay.sqlnames import OutboxNames
-from tests.cli_proc import relay_env, run_relay, start_relay
 from tests.conftest import Db
 from tests.helpers import record_listeners
 from tests.ops_helpers import assert_one_line_error, relay_json, target
+from tests.relay_process import relay_env, run_relay, start_relay
 from tests.test_runner import settings_for, wait_until
 
 

@@ -25,9 +25,9 @@ from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.wakeup import LISTENER_TTL
-from tests.cli_proc import RELAY, relay_env
 from tests.conftest import Db
 from tests.helpers import record_listeners
+from tests.relay_process import RELAY, relay_env
 from tests.test_runner import settings_for, wait_until
 
 
