@@ -217,13 +217,3 @@ async def wait_until_async(check: Callable[[], bool], timeout: float = 10.0, int
             return True
         await asyncio.sleep(interval)
     return check()
-
-
-def start_relay(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [RELAY, "start", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env or relay_env(),
-    )
