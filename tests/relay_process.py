@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -75,9 +77,12 @@ class RelayProcess:
         self.crashed = False  # the test SIGKILLed it on purpose
         self.frozen = False  # the test SIGSTOPped it on purpose (a hang), and never let it go on
         self.fallback_killed = False  # it did not exit in time after SIGTERM, and stop() killed it
-        self._files = tempfile.TemporaryDirectory(prefix="relay-process-")
-        self.stdout_path = Path(self._files.name) / "stdout"
-        self.stderr_path = Path(self._files.name) / "stderr"
+        files = Path(tempfile.mkdtemp(prefix="relay-process-"))
+        # Removed by close(), or once the object is gone (a Fleet's relays are read after
+        # they stopped, for the clean-exit check, and are not always closed explicitly).
+        self._remove_files = weakref.finalize(self, shutil.rmtree, files, ignore_errors=True)
+        self.stdout_path = files / "stdout"
+        self.stderr_path = files / "stderr"
         # Opened for appending and read back by path: the relay's writes never land where a
         # read by the test has moved a shared file offset.
         with self.stdout_path.open("ab") as out, self.stderr_path.open("ab") as err:
@@ -156,7 +161,7 @@ class RelayProcess:
         if self.running():
             self.proc.kill()
         self.proc.wait()
-        self._files.cleanup()
+        self._remove_files()
 
     def __enter__(self) -> RelayProcess:
         return self
