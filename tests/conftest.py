@@ -1,4 +1,10 @@
-"""Fixtures: a real PostgreSQL, one fresh schema per test, and helpers to fill the outbox."""
+"""Fixtures: a real PostgreSQL, one fresh schema per test, and helpers to fill the outbox.
+
+The broker fixtures (``amqp``, ``rabbit``, ``ctl``, ``proxy``; ``moto_endpoint``,
+``sqs_client``, ``make_queue``) live beside the services they stand for and are
+registered here as plugins, so a test module names them as parameters and never imports
+them.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.services import SKIP_PG, postgres_dsn, require_services
+
+pytest_plugins = ("tests.rabbitmq_broker", "tests.sqs_server")
 
 
 @pytest.fixture(scope="session")

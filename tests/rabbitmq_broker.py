@@ -7,7 +7,8 @@ fail instead under ``RELAY_TEST_REQUIRE_SERVICES=1``).
 The broker is shared with other suites, so everything here touches only what a test made
 itself: exchanges and queues with unique names (deleted afterwards), connections named
 through ``client_properties`` (the only ones closed or suspended), and broker settings
-restored in ``finally``. Import the fixtures into a test module to use them.
+restored in ``finally``. The fixtures are registered for every test module by
+``pytest_plugins`` in tests/conftest.py.
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@
 - :func:`silent_endpoint`, :func:`closing_endpoint`, :func:`full_backlog_endpoint`,
   :func:`refused_endpoint`: real sockets that time out reads, drop connections, time out
   connects, and refuse connections.
-- :class:`RelayProcess`: ``relay start`` as a real subprocess.
 
-Test modules import the fixtures they use: ``from tests.sqs_server import moto_endpoint  # noqa: F401``.
+The fixtures are registered for every test module by ``pytest_plugins`` in tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -21,29 +20,20 @@ import itertools
 import json
 import logging
 import os
-import signal
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import boto3
 import pytest
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 
-FAKE_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
+from tests.relay_process import FAKE_AWS_ENV
+
 ACCOUNT = "123456789012"  # moto's default account
 _queue_numbers = itertools.count(1)
 
@@ -400,70 +390,3 @@ def refused_endpoint() -> str:
     port = sock.getsockname()[1]
     sock.close()
     return f"http://127.0.0.1:{port}"
-
-
-# ---------------------------------------------------------------------------------------
-# relay start as a subprocess
-
-
-def relay_command() -> list[str]:
-    script = Path(sys.executable).with_name("relay")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "relay.cli"]
-
-
-def relay_env(**extra: str) -> dict[str, str]:
-    """This environment without any RELAY_* setting (tests pass their own), with fake AWS credentials."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_") or k.startswith("RELAY_TEST_")}
-    env.update(FAKE_AWS_ENV)
-    env.pop("AWS_PROFILE", None)
-    env.update(extra)
-    return env
-
-
-class RelayProcess:
-    """``relay start ...`` in a subprocess; its stderr (the log) goes to a file, never a pipe
-    that could fill up and stall it."""
-
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self._log: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [*relay_command(), "start", *args],
-            stdout=subprocess.DEVNULL,
-            stderr=self._log,
-            text=True,
-            env=env or relay_env(),
-        )
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def log(self) -> str:
-        self._log.flush()
-        self._log.seek(0)
-        return self._log.read()
-
-    def stop(self, timeout: float = 20) -> int:
-        """SIGTERM, then the exit code; SIGKILL if it does not stop in time."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
-
-
-def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(interval)
-    return check()

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from relay.store import OutboxStore
-from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
-from tests.test_ops_helpers import claim_until, kill, target
+from tests.ops_helpers import claim_until, kill, target
+from tests.relay_process import RELAY, relay_env, run_relay
 
 # Nothing below needs a database to be refused; this one is never reached.
 NO_DB = "postgresql://nobody@127.0.0.1:1/never"

@@ -8,13 +8,11 @@ import base64
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 from psycopg import sql
@@ -31,14 +29,10 @@ from relay.oversize import OversizeTurn
 from relay.sizes import format_size, parse_size
 from relay.store import DEFAULT_BATCH_BYTES, OutboxStore
 from relay.worker import Worker, WorkerConfig
-from tests import rabbitmq_broker
-from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
 from tests.rabbitmq_broker import Rabbit
-from tests.sqs_server import make_queue, moto_endpoint, receive_all, sqs_client  # noqa: F401 - fixtures
-
-amqp = rabbitmq_broker.amqp
-rabbit = rabbitmq_broker.rabbit
+from tests.relay_process import RelayProcess, relay_env, run_relay
+from tests.sqs_server import receive_all
 
 LEASE = timedelta(seconds=30)
 KB = 1000
@@ -274,9 +268,9 @@ async def test_a_message_over_rabbitmqs_size_limit_is_claimed_alone_and_goes_dea
 async def test_a_message_over_the_sqs_size_limit_is_claimed_alone_and_goes_dead_alone(
     make_store: Store,
     db: Db,
-    make_queue: Any,  # noqa: F811
-    moto_endpoint: str,  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Any,
+    moto_endpoint: str,
+    sqs_client: Any,
 ) -> None:
     store = await make_store(OrderingMap(default_ordered=False))
     url = make_queue(fifo=False)
@@ -319,22 +313,21 @@ def insert_large_backlog(db: Db) -> list[int]:
     return ids
 
 
-def start_relay(db: Db, pg_dsn: str, stderr: IO[str], *args: str) -> subprocess.Popen[Any]:
-    command = [RELAY, "start", "--dsn", pg_dsn, "--schema", db.names.schema, "--unordered", "Bulk", "--workers", "4"]
-    return subprocess.Popen([*command, *args], stdout=subprocess.DEVNULL, stderr=stderr, env=relay_env())
+def start_relay(db: Db, pg_dsn: str, *args: str) -> RelayProcess:
+    command = ["start", "--dsn", pg_dsn, "--schema", db.names.schema, "--unordered", "Bulk", "--workers", "4"]
+    return RelayProcess(*command, *args, discard_stdout=True)  # the log broker's 200 MB of messages
 
 
-async def drain_and_measure(db: Db, proc: subprocess.Popen[Any], total: int, timeout: float) -> int:
+async def drain_and_measure(db: Db, process: RelayProcess, total: int, timeout: float) -> int:
     deadline = time.monotonic() + timeout
     try:
         while (await asyncio.to_thread(db.statuses)).get("done", 0) < total:
-            assert proc.poll() is None, "relay exited early"
+            assert process.running(), "relay exited early"
             assert time.monotonic() < deadline, f"not drained within {timeout}s: {db.statuses()}"
             await asyncio.sleep(0.2)
-        peak = peak_rss(proc.pid)
+        peak = peak_rss(process.pid)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = await asyncio.to_thread(proc.wait, 30)
+        code = await asyncio.to_thread(process.stop)
     assert code == 0
     assert db.statuses() == {"done": total}
     return peak
@@ -357,24 +350,18 @@ async def test_a_4_worker_relay_drains_twenty_10_mb_payloads_to_rabbitmq_in_unde
                 await message.ack()
 
     consumer = asyncio.create_task(consume())
-    log = tmp_path / "relay.log"
-    with log.open("w") as stderr:
-        proc = start_relay(
-            db, pg_dsn, stderr, "--broker", "rabbitmq", "--amqp-url", rabbit.amqp.url, "--exchange", exchange
-        )
-        try:
-            peak = await drain_and_measure(db, proc, len(ids), timeout=120)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-    deadline = time.monotonic() + 30
-    while len(received) < len(ids) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    consumer.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await consumer
-    print(f"\nrabbitmq: peak RSS {peak / 2**20:.0f} MiB")
-    assert sorted(received) == sorted(ids), log.read_text()
+    with start_relay(
+        db, pg_dsn, "--broker", "rabbitmq", "--amqp-url", rabbit.amqp.url, "--exchange", exchange
+    ) as process:
+        peak = await drain_and_measure(db, process, len(ids), timeout=120)
+        deadline = time.monotonic() + 30
+        while len(received) < len(ids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+        print(f"\nrabbitmq: peak RSS {peak / 2**20:.0f} MiB")
+        assert sorted(received) == sorted(ids), process.stderr()
     assert sum(size >= 10 * MB for size in received.values()) == 20
     assert peak < PEAK_RSS_LIMIT, f"peak RSS {peak / 2**20:.0f} MiB"
 
@@ -383,14 +370,8 @@ async def test_a_4_worker_relay_drains_twenty_10_mb_payloads_to_the_log_broker_i
     pg_dsn: str, db: Db, tmp_path: Path
 ) -> None:
     ids = await asyncio.to_thread(insert_large_backlog, db)
-    log = tmp_path / "relay.log"
-    with log.open("w") as stderr:
-        proc = start_relay(db, pg_dsn, stderr, "--broker", "log")
-        try:
-            peak = await drain_and_measure(db, proc, len(ids), timeout=120)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+    with start_relay(db, pg_dsn, "--broker", "log") as process:
+        peak = await drain_and_measure(db, process, len(ids), timeout=120)
     print(f"\nlog: peak RSS {peak / 2**20:.0f} MiB")
     assert peak < PEAK_RSS_LIMIT, f"peak RSS {peak / 2**20:.0f} MiB"
 

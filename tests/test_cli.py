@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,8 +13,8 @@ import pytest
 from psycopg import sql
 
 from relay.sqlfiles import migrations
-from tests.cli_proc import relay_env, run_relay, start_relay
 from tests.conftest import Db
+from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
 
 
 @pytest.fixture
@@ -71,14 +69,12 @@ def test_start_drains_the_outbox_with_several_workers_and_stops_on_sigterm(pg_ds
         f'schema = "{db.names.schema}"\nworkers = 3\nbatch_size = 25\npoll_interval = "100ms"\n'
         '[ordering]\ndefault = "unordered"\nordered = ["Order*"]\n'
     )
-    proc = start_relay("--config", str(config), "--broker", "log", env=relay_env(RELAY_DSN=pg_dsn))
-    try:
-        deadline = time.monotonic() + 30
-        while db.statuses().get("done", 0) < 300 and time.monotonic() < deadline:
-            time.sleep(0.1)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+    with RelayProcess("start", "--config", str(config), "--broker", "log", env=relay_env(RELAY_DSN=pg_dsn)) as proc:
+        try:
+            wait_until(lambda: db.statuses().get("done", 0) >= 300, timeout=30)
+        finally:
+            proc.stop()
+        out, err = proc.stdout(), proc.stderr()
     assert proc.returncode == 0, err
     assert db.statuses() == {"done": 300}
     lines = [json.loads(line) for line in out.splitlines()]
@@ -107,16 +103,14 @@ def test_the_retired_commit_order_guard_still_starts_with_one_warning(pg_dsn: st
     [oid] = db.insert([("order-1", "OrderPlaced", {})])
     config = tmp_path / "relay.toml"
     config.write_text(f'schema = "{db.names.schema}"\ncommit_order_guard = false\npoll_interval = "100ms"\n')
-    proc = start_relay(
-        "--config", str(config), "--broker", "log", "--no-commit-order-guard", env=relay_env(RELAY_DSN=pg_dsn)
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while db.statuses() != {"done": 1} and time.monotonic() < deadline:
-            time.sleep(0.1)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+    with RelayProcess(
+        "start", "--config", str(config), "--broker", "log", "--no-commit-order-guard", env=relay_env(RELAY_DSN=pg_dsn)
+    ) as proc:
+        try:
+            wait_until(lambda: db.statuses() == {"done": 1}, timeout=20)
+        finally:
+            proc.stop()
+        out, err = proc.stdout(), proc.stderr()
     assert proc.returncode == 0, err
     assert json.loads(out)["outbox_id"] == oid
     assert err.count("is deprecated and has no effect") == 1, err

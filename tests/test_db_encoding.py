@@ -6,8 +6,6 @@ process (`relay migrate`, `relay start --broker log`, the operator commands)."""
 from __future__ import annotations
 
 import json
-import signal
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -23,7 +21,7 @@ from relay.decide import describe_text
 from relay.message import Decision
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
-from tests.cli_proc import relay_env, run_relay, start_relay
+from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
 
 OUTBOX = sql.Identifier("public", "outbox")
 
@@ -74,16 +72,16 @@ def rows(dsn: str) -> dict[int, tuple[str, str | None]]:
 
 def deliver(dsn: str, expected: int) -> tuple[list[dict[str, Any]], str]:
     """Run `relay start --broker log` until ``expected`` rows are finished; its JSON lines and stderr."""
-    proc = start_relay("--broker", "log", "--poll-interval", "100ms", env=relay_env(RELAY_DSN=dsn))
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and proc.poll() is None:
-            if sum(status in ("done", "dead") for status, _ in rows(dsn).values()) >= expected:
-                break
-            time.sleep(0.1)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+
+    def finished() -> bool:
+        return sum(status in ("done", "dead") for status, _ in rows(dsn).values()) >= expected
+
+    with RelayProcess("start", "--broker", "log", "--poll-interval", "100ms", env=relay_env(RELAY_DSN=dsn)) as proc:
+        try:
+            wait_until(lambda: not proc.running() or finished(), timeout=30)
+        finally:
+            proc.stop()
+        out, err = proc.stdout(), proc.stderr()
     assert proc.returncode == 0, err
     assert "Traceback" not in err, err
     return [json.loads(line) for line in out.splitlines()], err

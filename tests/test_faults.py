@@ -27,9 +27,7 @@ import os
 import random
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -44,8 +42,6 @@ import pytest
 from psycopg import sql
 
 from relay.sqlnames import OutboxNames
-from tests import rabbitmq_broker, sqs_server
-from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
 from tests.helpers import terminate_relay_sessions
 from tests.producers import (
@@ -58,15 +54,8 @@ from tests.producers import (
     produce_unlocked,
 )
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, unique
+from tests.relay_process import RelayProcess, assert_clean_exits, relay_env, run_relay, wait_until
 from tests.sqs_server import receive_all
-
-# The broker fixtures live in tests/rabbitmq_broker.py.
-amqp = rabbitmq_broker.amqp
-ctl = rabbitmq_broker.ctl
-rabbit = rabbitmq_broker.rabbit
-# The SQS fixture lives in tests/sqs_server.py (it also sets the fake AWS credentials the
-# relay processes inherit).
-moto_endpoint = sqs_server.moto_endpoint
 
 pytestmark = pytest.mark.faults
 
@@ -75,82 +64,47 @@ ORDERED = "Order*"
 
 @dataclass
 class Fleet:
-    """The relay processes of one scenario, each a real `relay start`."""
+    """The relay processes of one scenario, each a real `relay start` (a RelayProcess)."""
 
     args: list[str]
     env: dict[str, str]
-    procs: list[subprocess.Popen[str]] = field(default_factory=list)
-    started_at: dict[int, float] = field(default_factory=dict)
-    logs: dict[int, Any] = field(default_factory=dict)
+    procs: list[RelayProcess] = field(default_factory=list)
     killed: int = 0
-    crashed: set[int] = field(default_factory=set)  # pids this scenario SIGKILLed on purpose
-    hung: set[int] = field(default_factory=set)  # pids that ignored SIGTERM and were killed at stop
     term_timeout_s: float = 30.0  # how long stop() waits for a drain before it kills
 
     def start(self) -> None:
-        # stdout is unused by the brokers here; the log goes to a file (a pipe nobody reads
-        # fills up and blocks a chatty relay), kept for failures.
-        log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read after the process exits; gone with the Fleet
-        proc = subprocess.Popen(
-            [*start_relay_argv(), *self.args], stdout=subprocess.DEVNULL, stderr=log, text=True, env=self.env
-        )
-        self.procs.append(proc)
-        self.started_at[proc.pid] = time.monotonic()
-        self.logs[proc.pid] = log
+        self.procs.append(RelayProcess("start", *self.args, env=self.env, term_timeout_s=self.term_timeout_s))
 
     def assert_clean_exits(self) -> None:
         """Every relay the scenario did not crash on purpose exited 0 on SIGTERM; else its
         log's tail. A relay that hung on SIGTERM and was killed by stop() fails too."""
-        for p in self.procs:
-            if p.pid in self.crashed and p.returncode == -signal.SIGKILL:
-                continue
-            if p.returncode != 0 or p.pid in self.hung:
-                log = self.logs[p.pid]
-                log.seek(0)
-                tail = "".join(log.readlines()[-25:])
-                how = "did not exit on SIGTERM and was killed" if p.pid in self.hung else f"exited with {p.returncode}"
-                raise AssertionError(f"relay pid {p.pid} {how}:\n{tail}")
+        assert_clean_exits(self.procs)
 
     def kill_one(self, rng: random.Random) -> None:
-        alive = [p for p in self.procs if p.poll() is None]
+        alive = [p for p in self.procs if p.running()]
         if alive:
-            victim = rng.choice(alive)
-            victim.send_signal(signal.SIGKILL)  # no drain, no finalize: a crash
-            victim.wait(timeout=10)
-            self.crashed.add(victim.pid)
+            rng.choice(alive).kill()  # no drain, no finalize: a crash
             self.killed += 1
 
     def restart_one(self, rng: random.Random) -> None:
         """SIGTERM one relay (it drains and exits 0) and start another in its place."""
-        alive = [p for p in self.procs if p.poll() is None and time.monotonic() - self.started_at[p.pid] > 3]
+        alive = [p for p in self.procs if p.running() and time.monotonic() - p.started_at > 3]
         if alive:
-            victim = rng.choice(alive)
-            victim.send_signal(signal.SIGTERM)
-            victim.wait(timeout=30)
+            rng.choice(alive).stop()
         self.start()
 
     def stop(self) -> list[int]:
         # A SIGTERM while the interpreter is still importing takes Python's default action
         # (exit by signal, nothing claimed yet); give late starters time to install the drain.
-        youngest = max(self.started_at.values(), default=0.0)
+        youngest = max((p.started_at for p in self.procs), default=0.0)
         time.sleep(max(0.0, youngest + 3.0 - time.monotonic()))
-        codes = []
         for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+            p.terminate()
+        return [p.wait() for p in self.procs]
+
+    def close(self) -> None:
         for p in self.procs:
-            try:
-                p.wait(timeout=self.term_timeout_s)
-            except subprocess.TimeoutExpired:
-                self.hung.add(p.pid)
-                p.kill()
-                p.wait()
-            codes.append(p.returncode)
-        return codes
-
-
-def start_relay_argv() -> list[str]:
-    return [RELAY, "start"]
+            p.close()
 
 
 def store_fleet_ordering(pg_dsn: str, names: OutboxNames) -> None:
@@ -209,6 +163,7 @@ def fleet_factory(amqp: AmqpService, pg_dsn: str) -> Iterator[Any]:
     yield make
     for fleet in fleets:
         fleet.stop()
+        fleet.close()
 
 
 @dataclass(frozen=True)
@@ -676,11 +631,13 @@ def test_a_relay_that_hangs_on_sigterm_fails_the_clean_exit_check() -> None:
     ignores_term = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
     )
-    proc = subprocess.Popen([sys.executable, "-c", ignores_term], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "\n"  # the handler is in place
-    fleet.procs.append(proc)
-    fleet.started_at[proc.pid] = time.monotonic() - 10
-    fleet.logs[proc.pid] = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed with the Fleet
-    assert fleet.stop() == [-signal.SIGKILL]
-    with pytest.raises(AssertionError, match="did not exit on SIGTERM and was killed"):
-        fleet.assert_clean_exits()
+    proc = RelayProcess("-c", ignores_term, env=fleet.env, term_timeout_s=1.0, program=[sys.executable])
+    try:
+        assert wait_until(lambda: proc.stdout() == "\n", timeout=30)  # the handler is in place
+        fleet.procs.append(proc)
+        proc.started_at = time.monotonic() - 10
+        assert fleet.stop() == [-signal.SIGKILL]
+        with pytest.raises(AssertionError, match="did not exit on SIGTERM and was killed"):
+            fleet.assert_clean_exits()
+    finally:
+        fleet.close()

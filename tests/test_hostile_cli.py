@@ -17,15 +17,11 @@ from psycopg import sql
 from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
-from tests import rabbitmq_broker
-from tests.cli_proc import relay_env, run_relay
 from tests.conftest import Db
+from tests.ops_helpers import assert_one_line_error, claim_until, kill, run_parallel, target
 from tests.rabbitmq_broker import Rabbit
-from tests.test_ops_helpers import assert_one_line_error, claim_until, kill, run_parallel, target
-from tests.test_rabbitmq_e2e import RelayProcess, relay_args
-
-amqp = rabbitmq_broker.amqp
-rabbit = rabbitmq_broker.rabbit
+from tests.relay_process import RelayProcess, relay_env, run_relay
+from tests.test_rabbitmq_e2e import relay_args
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 
@@ -177,14 +173,14 @@ def relay(tmp_path: Path) -> Iterator[list[RelayProcess]]:
     started: list[RelayProcess] = []
     yield started
     for r in started:
-        r.kill()
+        r.close()
 
 
 async def _until(db: Db, process: RelayProcess, statuses: dict[str, int], timeout: float) -> float:
     """Seconds until the outbox holds exactly ``statuses``."""
     started = time.monotonic()
     while (now := await asyncio.to_thread(db.statuses)) != statuses:
-        assert process.alive(), process.stderr()
+        assert process.running(), process.stderr()
         assert time.monotonic() - started < timeout, (now, process.stderr()[-3000:])
         await asyncio.sleep(0.05)
     return time.monotonic() - started
@@ -205,9 +201,9 @@ async def test_a_huge_event_type_and_a_forged_aggregate_id_neither_delay_nor_for
     # Batches of 20, so that the 300 take 15 batches, all after the long row's (it is
     # written first): whatever logging it costs, every batch behind it waits for.
     args = relay_args(pg_dsn, names, rabbit.amqp.url, "--exchange", exchange, "--workers", "2", "--batch-size", "20")
-    process = RelayProcess(tmp_path / "relay.log", *args)
+    process = RelayProcess("start", *args)
     relay.append(process)
-    await process.wait_for("relay started")
+    await process.wait_for_log("relay started")
 
     def normal(run: str) -> list[tuple[str, str, dict[str, int]]]:
         return [(f"{run}-{i}", "Order.Placed", {"i": i}) for i in range(300)]

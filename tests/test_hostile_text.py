@@ -38,7 +38,7 @@ from relay.store import OutboxStore
 from relay.textsafe import clip, escape
 from tests.conftest import Db
 from tests.helpers import create_outbox_at, make_worker
-from tests.test_ops_helpers import run_until
+from tests.ops_helpers import run_until
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 

@@ -13,8 +13,8 @@ import pytest
 from psycopg import conninfo, sql
 
 from relay.sqlnames import OutboxNames
-from tests.cli_proc import run_relay
 from tests.helpers import create_outbox_at
+from tests.relay_process import run_relay
 
 
 def assert_one_line_error(proc: Any, *needles: str) -> str:

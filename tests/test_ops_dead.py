@@ -15,10 +15,9 @@ from relay.cli_ops import _selection
 from relay.deadletters import DeadFilter, fingerprint, group_dead, group_key, list_dead
 from relay.ordering import OrderingMap
 from relay.store import OutboxStore
-from tests.cli_proc import run_relay
 from tests.conftest import Db
 from tests.helpers import make_worker
-from tests.test_ops_helpers import (
+from tests.ops_helpers import (
     assert_one_line_error,
     claim_until,
     kill,
@@ -27,6 +26,7 @@ from tests.test_ops_helpers import (
     run_until,
     target,
 )
+from tests.relay_process import run_relay
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 

@@ -21,7 +21,7 @@ from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.worker import WorkerStats
 from tests.conftest import Db
-from tests.test_ops_helpers import build_scene
+from tests.ops_helpers import build_scene
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 

@@ -13,7 +13,7 @@ from psycopg import sql
 from relay.errors import ConfigError
 from relay.prune import prune
 from tests.conftest import Db
-from tests.test_ops_helpers import assert_one_line_error, run_parallel, target
+from tests.ops_helpers import assert_one_line_error, run_parallel, target
 
 
 def arrange(db: Db) -> list[int]:

@@ -25,10 +25,10 @@ from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
 from relay.status import WakeupStatus, attempt_histogram, ops_query, read_status
 from relay.store import OutboxStore
-from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
 from tests.helpers import record_listeners
-from tests.test_ops_helpers import Scene, assert_one_line_error, build_scene, claim_until, ingest, relay_json, target
+from tests.ops_helpers import Scene, assert_one_line_error, build_scene, claim_until, ingest, relay_json, target
+from tests.relay_process import RELAY, relay_env, run_relay
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 EMAIL_UNORDERED = OrderingMap(default_ordered=True, unordered=("Email*",))

@@ -14,9 +14,6 @@ against it.
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -33,18 +30,12 @@ from relay.breaker import CircuitBreaker
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.worker import RELEASED_BROKER_REFUSED, Worker, WorkerConfig
-from tests import rabbitmq_broker
-from tests.cli_proc import RELAY, relay_env
 from tests.conftest import Db
 from tests.helpers import make_worker
 from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
 from tests.rabbitmq_broker import AmqpService, Rabbit, TcpProxy
+from tests.relay_process import RelayProcess, relay_env, wait_until_async
 from tests.test_faults import ORDERED, check_deliveries, read_queue, store_fleet_ordering
-from tests.test_runner import wait_until
-
-amqp = rabbitmq_broker.amqp
-rabbit = rabbitmq_broker.rabbit
-proxy = rabbitmq_broker.proxy
 
 # How long the proxy holds the broker's frames: each publish waits this long for its
 # confirms, the window in which the next batch is leased and waiting.
@@ -71,38 +62,12 @@ def relay_args(names: OutboxNames, exchange: str, url: str) -> list[str]:
     ]  # fmt: skip
 
 
-class Relay:
-    """One `relay start` process, its log kept in a file for failures."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read after the process exits
-        self.proc = subprocess.Popen(
-            [RELAY, "start", *args], stdout=subprocess.DEVNULL, stderr=self.log, text=True, env=env
-        )
-
-    def tail(self) -> str:
-        self.log.seek(0)
-        return "".join(self.log.readlines()[-25:])
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"relay did not stop on SIGTERM:\n{self.tail()}") from None
-
-
 @pytest.fixture
-def relays() -> Iterator[list[Relay]]:
-    started: list[Relay] = []
+def relays() -> Iterator[list[RelayProcess]]:
+    started: list[RelayProcess] = []
     yield started
     for r in started:
-        if r.proc.poll() is None:
-            r.proc.kill()
-            r.proc.wait()
+        r.close()
 
 
 def produce(pg_dsn: str, names: OutboxNames, kind: str, seed: int) -> tuple[CommitLog, threading.Thread]:
@@ -127,19 +92,19 @@ def produce(pg_dsn: str, names: OutboxNames, kind: str, seed: int) -> tuple[Comm
     return log, thread
 
 
-async def warm_up(db: Db, relay: Relay) -> None:
+async def warm_up(db: Db, relay: RelayProcess) -> None:
     """One message through the relay before the proxy slows down: its channel is open and
     proven, so each later publish waits one round trip, the confirms'."""
     [oid] = db.insert([("warm-up", "WarmedUp", {})])
-    await wait_until(lambda: db.row(oid)["status"] == "done" or relay.proc.poll() is not None, timeout=30)
-    assert relay.proc.poll() is None, f"relay exited:\n{relay.tail()}"
+    assert await wait_until_async(lambda: db.row(oid)["status"] == "done" or not relay.running(), timeout=30)
+    assert relay.running(), f"relay exited:\n{relay.tail()}"
 
 
-async def two_batches_in_flight(db: Db, relay: Relay, timeout: float = 60) -> InFlight:
+async def two_batches_in_flight(db: Db, relay: RelayProcess, timeout: float = 60) -> InFlight:
     """Wait until the relay's one worker holds rows of two claims (two lease times), the
     same two in two looks 100 ms apart: a batch publishing and the batch claimed ahead,
     not a batch caught for the moment its outcomes are written."""
-    owner_like = f"%:{relay.proc.pid}:0"
+    owner_like = f"%:{relay.pid}:0"
     query = sql.SQL(
         "SELECT id, status, aggregate_id, ordered, lease_until,"
         " status = 'processing' AND lease_owner LIKE %s AS ours FROM {} ORDER BY id"
@@ -147,7 +112,7 @@ async def two_batches_in_flight(db: Db, relay: Relay, timeout: float = 60) -> In
     deadline = time.monotonic() + timeout
     previous: list[list[int]] = []
     while time.monotonic() < deadline:
-        assert relay.proc.poll() is None, f"relay exited:\n{relay.tail()}"
+        assert relay.running(), f"relay exited:\n{relay.tail()}"
         rows = db.conn.execute(query, (owner_like,)).fetchall()
         claims: dict[Any, list[int]] = {}
         for oid, _status, _agg, _ordered, lease_until, ours in rows:
@@ -187,8 +152,8 @@ async def start_behind_slow_confirms(
     rabbit: Rabbit,
     amqp: AmqpService,
     proxy: TcpProxy,
-    relays: list[Relay],
-) -> tuple[str, str, dict[str, str], Relay]:
+    relays: list[RelayProcess],
+) -> tuple[str, str, dict[str, str], RelayProcess]:
     """A relay publishing through the proxy, warmed up, whose broker confirms from now on
     take CONFIRM_LATENCY_S: a batch stays in hand long enough for the next to be claimed
     ahead. Returns the exchange, the bound queue, the relays' environment and the relay."""
@@ -196,7 +161,7 @@ async def start_behind_slow_confirms(
     queue = await rabbit.queue(bind=(exchange, "outbox"))
     store_fleet_ordering(pg_dsn, names)
     env = relay_env(RELAY_DSN=pg_dsn, RELAY_LOG_LEVEL="warning")
-    relay = Relay(relay_args(names, exchange, proxy.url(amqp.url)), env)
+    relay = RelayProcess("start", *relay_args(names, exchange, proxy.url(amqp.url)), env=env)
     relays.append(relay)
     await warm_up(db, relay)
     proxy.latency = CONFIRM_LATENCY_S
@@ -212,23 +177,22 @@ async def test_a_relay_killed_with_a_batch_in_hand_and_one_prefetched_loses_noth
     rabbit: Rabbit,
     amqp: AmqpService,
     proxy: TcpProxy,
-    relays: list[Relay],
+    relays: list[RelayProcess],
 ) -> None:
     exchange, queue, env, first = await start_behind_slow_confirms(pg_dsn, names, db, rabbit, amqp, proxy, relays)
     log, producing = produce(pg_dsn, names, kind, seed=11)
 
     seen = await two_batches_in_flight(db, first)
-    first.proc.send_signal(signal.SIGKILL)  # no drain: both batches stay leased until their leases expire
-    first.proc.wait(timeout=10)
+    first.kill()  # no drain: both batches stay leased until their leases expire
     assert all(seen.batches), seen.batches
 
     proxy.latency = 0.0
     await asyncio.to_thread(producing.join)
     assert_only_ready_heads(seen, log.expected())
-    second = Relay(relay_args(names, exchange, amqp.url), env)
+    second = RelayProcess("start", *relay_args(names, exchange, amqp.url), env=env)
     relays.append(second)
     total = len(db.rows())
-    await wait_until(lambda: db.statuses() == {"done": total}, timeout=60)
+    assert await wait_until_async(lambda: db.statuses() == {"done": total}, timeout=60), db.statuses()
     assert await asyncio.to_thread(second.stop) == 0, second.tail()
 
     deliveries = await read_queue(amqp, queue, {r["id"] for r in db.rows()})
@@ -247,7 +211,7 @@ async def test_sigterm_with_a_prefetched_batch_releases_it_and_exits_0(
     rabbit: Rabbit,
     amqp: AmqpService,
     proxy: TcpProxy,
-    relays: list[Relay],
+    relays: list[RelayProcess],
 ) -> None:
     exchange, queue, env, relay = await start_behind_slow_confirms(pg_dsn, names, db, rabbit, amqp, proxy, relays)
     log, producing = produce(pg_dsn, names, kind, seed=5)
@@ -268,9 +232,9 @@ async def test_sigterm_with_a_prefetched_batch_releases_it_and_exits_0(
         assert rows[i]["attempts"] == 0 and rows[i]["last_error"] == "released unpublished at shutdown", rows[i]
 
     proxy.latency = 0.0
-    second = Relay(relay_args(names, exchange, amqp.url), env)
+    second = RelayProcess("start", *relay_args(names, exchange, amqp.url), env=env)
     relays.append(second)
-    await wait_until(lambda: db.statuses() == {"done": len(rows)}, timeout=60)
+    assert await wait_until_async(lambda: db.statuses() == {"done": len(rows)}, timeout=60), db.statuses()
     assert await asyncio.to_thread(second.stop) == 0, second.tail()
     deliveries = await read_queue(amqp, queue, set(rows))
     check_deliveries(db, deliveries, log.expected())
@@ -283,7 +247,7 @@ async def run_until(worker: Worker, done: Any, timeout: float = 10) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        await wait_until(done, timeout)
+        assert await wait_until_async(done, timeout), "condition not reached in time"
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

@@ -23,15 +23,8 @@ from adapters.rabbitmq.publisher import RabbitPublisher
 from adapters.rabbitmq.settings import RabbitSettings
 from relay.contract import Outcome
 from relay.errors import BrokerUnavailable, ConfigError, PermanentError, RetryableError
-from tests import rabbitmq_broker
 from tests.helpers import DEFAULT_LIMITS
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, TcpProxy, outbox_message, unique
-
-# The fixtures live in tests/rabbitmq_broker.py (conftest.py belongs to the core suite).
-amqp = rabbitmq_broker.amqp
-ctl = rabbitmq_broker.ctl
-rabbit = rabbitmq_broker.rabbit
-proxy = rabbitmq_broker.proxy
 
 MiB = 1024 * 1024
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import socket
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -16,8 +14,6 @@ from pathlib import Path
 import pytest
 
 from relay.sqlnames import OutboxNames
-from tests import rabbitmq_broker
-from tests.cli_proc import RELAY, relay_env, run_relay
 from tests.conftest import Db
 from tests.producers import (
     Arrival,
@@ -28,50 +24,7 @@ from tests.producers import (
     produce_unlocked,
 )
 from tests.rabbitmq_broker import AmqpService, Rabbit, unique
-
-# The fixtures live in tests/rabbitmq_broker.py (conftest.py belongs to the core suite).
-amqp = rabbitmq_broker.amqp
-rabbit = rabbitmq_broker.rabbit
-
-
-class RelayProcess:
-    """A running `relay start`; its stderr goes to a file, so a chatty relay never blocks
-    on a full pipe."""
-
-    def __init__(self, log: Path, *args: str) -> None:
-        self.log = log
-        self._stderr = log.open("w")
-        self.proc = subprocess.Popen(
-            [RELAY, "start", *args], stdout=subprocess.DEVNULL, stderr=self._stderr, env=relay_env()
-        )
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> int:
-        """SIGTERM, as a deployment stops it; returns the exit code."""
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=30)
-        finally:
-            self._stderr.close()
-
-    def kill(self) -> None:
-        if self.alive():
-            self.proc.kill()
-            self.proc.wait()
-        self._stderr.close()
-
-    def stderr(self) -> str:
-        return self.log.read_text()
-
-    async def wait_for(self, text: str, timeout: float = 20) -> None:
-        started = time.monotonic()
-        while text not in self.stderr():
-            assert self.alive(), self.stderr()
-            assert time.monotonic() - started < timeout, f"no {text!r} in: {self.stderr()}"
-            await asyncio.sleep(0.05)
+from tests.relay_process import RelayProcess, run_relay, wait_until_async
 
 
 @pytest.fixture
@@ -80,19 +33,21 @@ def relay(tmp_path: Path) -> Iterator[list[RelayProcess]]:
     started: list[RelayProcess] = []
     yield started
     for r in started:
-        r.kill()
+        r.close()
 
 
 async def wait_until_done(db: Db, process: RelayProcess, total: int, timeout: float) -> float:
+    """Seconds until all ``total`` rows are done; fails at once on a dead row or a relay that exited."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        statuses = await asyncio.to_thread(db.statuses)
-        if statuses == {"done": total}:
-            return time.monotonic() - started
+
+    def drained() -> bool:
+        statuses = db.statuses()
         assert "dead" not in statuses, statuses
-        assert process.alive(), process.stderr()
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"not drained within {timeout}s: {await asyncio.to_thread(db.statuses)}")
+        assert process.running(), process.stderr()
+        return statuses == {"done": total}
+
+    assert await wait_until_async(drained, timeout, interval=0.25), f"not drained within {timeout}s: {db.statuses()}"
+    return time.monotonic() - started
 
 
 def relay_args(pg_dsn: str, names: OutboxNames, url: str, *extra: str) -> list[str]:
@@ -121,7 +76,7 @@ async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_
     assert stored.returncode == 0, stored.stderr
 
     process = RelayProcess(
-        tmp_path / "relay.log",
+        "start",
         *relay_args(pg_dsn, names, rabbit.amqp.url),
         "--exchange",
         exchange,
@@ -131,7 +86,7 @@ async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_
         "3",
     )
     relay.append(process)
-    await process.wait_for("relay started")
+    await process.wait_for_log("relay started")
     bulk = asyncio.to_thread(db.insert, rows)
     locking = asyncio.to_thread(
         LockedProducers(pg_dsn, names, locked_aggs, locked, threads=3, unordered_type="EmailQueued", seed=1).run, 40
@@ -182,7 +137,7 @@ async def test_a_missing_exchange_never_stops_relay_start_and_delivery_begins_on
     name = unique("ex")  # created by "the deployment" only after the relay started
     ids = await asyncio.to_thread(db.insert, [(f"order-{i}", "OrderPlaced", {"i": i}) for i in range(20)])
     process = RelayProcess(
-        tmp_path / "relay.log",
+        "start",
         *relay_args(pg_dsn, names, rabbit.amqp.url),
         "--exchange",
         name,
@@ -193,7 +148,7 @@ async def test_a_missing_exchange_never_stops_relay_start_and_delivery_begins_on
     )
     relay.append(process)
     await asyncio.sleep(3)
-    assert process.alive(), process.stderr()
+    assert process.running(), process.stderr()
     statuses = await asyncio.to_thread(db.statuses)
     assert set(statuses) <= {"pending", "processing"}, statuses  # nothing dead, nothing sent
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -20,8 +19,8 @@ from relay.message import Decision, OutboxMessage
 from relay.ordering import OrderingMap
 from relay.release import parse_ids
 from relay.store import OutboxStore
-from tests.cli_proc import relay_env, run_relay, start_relay
 from tests.conftest import Db
+from tests.ops_helpers import PATIENCE_S, assert_one_line_error, relay_json, run_parallel, target
 from tests.producers import (
     Arrival,
     CommitLog,
@@ -30,7 +29,7 @@ from tests.producers import (
     order_violations,
     produce_unlocked,
 )
-from tests.test_ops_helpers import PATIENCE_S, assert_one_line_error, relay_json, run_parallel, target
+from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until_async
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 LONG_LEASE = timedelta(hours=1)  # the crashed host's: nothing would move for an hour
@@ -59,18 +58,15 @@ async def deliver_with_a_log_relay(db: Db, pg_dsn: str, *, done: int) -> tuple[i
     """Run `relay start --broker log` until ``done`` rows are done (30 s at most), then
     SIGTERM it: its exit code, and its stdout (one line per message, in the order it
     published them) and stderr."""
-    relay = start_relay(
-        "--schema", db.names.schema, "--broker", "log", "--poll-interval", "100ms",
+    with RelayProcess(
+        "start", "--schema", db.names.schema, "--broker", "log", "--poll-interval", "100ms",
         env=relay_env(RELAY_DSN=pg_dsn),
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while db.statuses().get("done", 0) < done and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-    finally:
-        relay.send_signal(signal.SIGTERM)
-        out, err = relay.communicate(timeout=30)
-    return relay.returncode, out, err
+    ) as relay:  # fmt: skip
+        try:
+            await wait_until_async(lambda: db.statuses().get("done", 0) >= done, timeout=30, interval=0.05)
+        finally:
+            await asyncio.to_thread(relay.stop)
+        return relay.returncode, relay.stdout(), relay.stderr()
 
 
 def lease_state(db: Db) -> dict[int, tuple[Any, ...]]:

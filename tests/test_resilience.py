@@ -20,7 +20,8 @@ from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.helpers import make_worker, terminate_relay_sessions
-from tests.test_runner import settings_for, wait_until
+from tests.relay_process import wait_until_async
+from tests.test_runner import settings_for
 
 
 def test_the_database_refuses_two_ordered_messages_of_one_aggregate_in_flight(db: Db) -> None:
@@ -76,7 +77,7 @@ async def test_outage_stops_claims_spends_no_attempt_and_resumes(
     # handful a second, instead of every worker claiming full batches.
     assert seen_during_outage < 3 * 10 + 20
     broker_down = False
-    await wait_until(lambda: db.statuses() == {"done": 50}, timeout=15)
+    assert await wait_until_async(lambda: db.statuses() == {"done": 50}, timeout=15)
     stop.set()
     await task
     assert sorted(publisher.delivered_ids()) == ids
@@ -117,7 +118,7 @@ async def test_finalize_survives_killed_database_connections(pg_dsn: str, names:
     publisher = InMemoryPublisher(script=script)
     stop = asyncio.Event()
     task = asyncio.create_task(run_relay(settings_for(pg_dsn, names, workers=2, batch_size=5), publisher, stop))
-    await wait_until(lambda: db.statuses() == {"done": 20}, timeout=20)
+    assert await wait_until_async(lambda: db.statuses() == {"done": 20}, timeout=20)
     stop.set()
     await task
     assert killed["done"]
@@ -149,7 +150,7 @@ async def test_sessions_killed_while_the_relay_starts_only_delay_it(pg_dsn: str,
     killing.set()
     await killer
     assert not task.done() or task.exception() is None, task.exception()
-    await wait_until(lambda: sorted(set(publisher.delivered_ids())) == ids or task.done(), timeout=30)
+    assert await wait_until_async(lambda: sorted(set(publisher.delivered_ids())) == ids or task.done(), timeout=30)
     assert not task.done(), task.exception()
     stop.set()
     await task

@@ -16,6 +16,7 @@ from relay.runner import _every as runner_every
 from relay.runner import run_relay
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
+from tests.relay_process import wait_until_async
 
 
 def settings_for(pg_dsn: str, names: OutboxNames, **over: object) -> RelaySettings:
@@ -27,20 +28,13 @@ def settings_for(pg_dsn: str, names: OutboxNames, **over: object) -> RelaySettin
     return RelaySettings.from_values(values)
 
 
-async def wait_until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
-
-
 async def test_workers_share_the_work(pg_dsn: str, names: OutboxNames, db: Db) -> None:
     ids = db.insert((f"agg-{i % 40}", "E", {"i": i}) for i in range(400))
     publisher = InMemoryPublisher(delay=0.005)
     stop = asyncio.Event()
     settings = settings_for(pg_dsn, names, workers=4, batch_size=20, ordering_default="unordered")
     task = asyncio.create_task(run_relay(settings, publisher, stop))
-    await wait_until(lambda: db.statuses() == {"done": 400})
+    assert await wait_until_async(lambda: db.statuses() == {"done": 400})
     stop.set()
     result = await task
     assert sorted(publisher.delivered_ids()) == ids
@@ -57,7 +51,7 @@ async def test_shutdown_hands_unpublished_rows_back_without_spending_an_attempt(
     stop = asyncio.Event()
     settings = settings_for(pg_dsn, names, workers=2, shutdown_grace=timedelta(milliseconds=300))
     task = asyncio.create_task(run_relay(settings, publisher, stop))
-    await wait_until(lambda: db.statuses() == {"processing": 5})
+    assert await wait_until_async(lambda: db.statuses() == {"processing": 5})
     started = time.monotonic()
     stop.set()
     await asyncio.wait_for(task, timeout=5)
@@ -105,7 +99,7 @@ async def test_start_serves_metrics_and_health_and_prunes_on_schedule(pg_dsn: st
     )
     task = asyncio.create_task(run_relay(settings_for(pg_dsn, names, workers=2), publisher, stop, operate=operate))
     try:
-        await wait_until(lambda: len(publisher.delivered) == 30)
+        assert await wait_until_async(lambda: len(publisher.delivered) == 30)
         # The counter moves when the finalize is written, a moment after the broker's ack.
         published = 'outbox_relay_messages_total{event_type="OrderPlaced",outcome="published"} 30.0'
         deadline = time.monotonic() + 10
@@ -121,7 +115,7 @@ async def test_start_serves_metrics_and_health_and_prunes_on_schedule(pg_dsn: st
         assert (await _get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
         assert (await _get(f"http://127.0.0.1:{port}/readyz"))[0] == 200
         # The scheduled prune (older than 0 s, every 0.3 s) removes the finished rows.
-        await wait_until(lambda: db.rows() == [], timeout=10)
+        assert await wait_until_async(lambda: db.rows() == [], timeout=10)
     finally:
         stop.set()
         await task

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,11 +29,11 @@ from relay.shared_settings import (
     update_settings,
 )
 from relay.sqlnames import OutboxNames
-from tests.cli_proc import relay_env, run_relay, start_relay
 from tests.conftest import Db
 from tests.helpers import record_listeners
-from tests.test_ops_helpers import assert_one_line_error, relay_json, target
-from tests.test_runner import settings_for, wait_until
+from tests.ops_helpers import assert_one_line_error, relay_json, target
+from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until, wait_until_async
+from tests.test_runner import settings_for
 
 
 def stored(db: Db) -> tuple[bool, list[str], list[str], list[str], list[str], bool]:
@@ -54,17 +52,15 @@ DEFAULTS = (True, [], [], [], [], True)
 
 def run_start_until_done(db: Db, pg_dsn: str, *args: str, rows: int, env: dict[str, str] | None = None) -> str:
     """`relay start` (log broker) until ``rows`` rows are done, then SIGTERM; its stderr."""
-    proc = start_relay(
-        "--schema", db.names.schema, "--broker", "log", "--poll-interval", "100ms", *args,
+    with RelayProcess(
+        "start", "--schema", db.names.schema, "--broker", "log", "--poll-interval", "100ms", *args,
         env=env or relay_env(RELAY_DSN=pg_dsn),
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while db.statuses().get("done", 0) < rows and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+    ) as proc:  # fmt: skip
+        try:
+            wait_until(lambda: db.statuses().get("done", 0) >= rows or not proc.running(), timeout=30, interval=0.05)
+        finally:
+            proc.stop()
+        err = proc.stderr()
     assert proc.returncode == 0, err
     assert db.statuses().get("done", 0) == rows, (db.statuses(), err)
     return err
@@ -158,7 +154,7 @@ async def test_a_relay_does_not_listen_while_the_stored_notify_is_off(
     settings = settings_for(pg_dsn, names, workers=1, poll_interval=timedelta(milliseconds=100))
     task = asyncio.create_task(runner.run_relay(settings, publisher, stop, given=given))
     try:
-        await wait_until(lambda: len(publisher.delivered) == 2, timeout=10)
+        assert await wait_until_async(lambda: len(publisher.delivered) == 2, timeout=10)
     finally:
         stop.set()
         await task

@@ -27,17 +27,14 @@ from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, 
 from relay.message import OutboxMessage
 from relay.options import resolve
 from tests.helpers import DEFAULT_LIMITS
-from tests.sqs_server import (  # noqa: F401 - fixtures
+from tests.sqs_server import (
     Faults,
     closing_endpoint,
     full_backlog_endpoint,
-    make_queue,
-    moto_endpoint,
     queue_url,
     receive_all,
     refused_endpoint,
     silent_endpoint,
-    sqs_client,
     unique_queue_name,
 )
 
@@ -69,7 +66,7 @@ def msg(
 
 
 @pytest.fixture
-async def publisher(moto_endpoint: str) -> AsyncIterator[MakePublisher]:  # noqa: F811
+async def publisher(moto_endpoint: str) -> AsyncIterator[MakePublisher]:
     """``await publisher(queue_url, faults=None, start=True, **settings)``: a publisher on
     its own boto3 session (with the faults' hook), started, closed after the test.
 
@@ -177,7 +174,7 @@ def test_no_region_anywhere_is_a_config_error(monkeypatch: pytest.MonkeyPatch, t
 
 
 async def test_client_keeps_sdk_retries_small_with_explicit_timeouts(
-    make_queue: Callable[..., str],  # noqa: F811
+    make_queue: Callable[..., str],
 ) -> None:
     values = {"queue_url": make_queue(), "region": "us-east-1"}
     p = create(values, replace(DEFAULT_LIMITS, workers=2, batch_size=50))
@@ -196,7 +193,7 @@ async def test_no_credentials_at_start_is_a_config_error(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Any,
     publisher: MakePublisher,
-    moto_endpoint: str,  # noqa: F811
+    moto_endpoint: str,
 ) -> None:
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
@@ -208,7 +205,7 @@ async def test_no_credentials_at_start_is_a_config_error(
 
 async def test_credentials_aws_rejects_at_start_are_a_config_error(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
+    make_queue: Callable[..., str],
 ) -> None:
     faults = Faults()
     faults.error("UnrecognizedClientException", status=400, operation="GetQueueAttributes")
@@ -222,8 +219,8 @@ async def test_credentials_aws_rejects_at_start_are_a_config_error(
 
 async def test_standard_queue_gets_the_payload_as_body_and_the_envelope_as_attributes(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
 ) -> None:
     url = make_queue(fifo=False)
     p = await publisher(url)
@@ -247,8 +244,8 @@ async def test_standard_queue_gets_the_payload_as_body_and_the_envelope_as_attri
 
 async def test_ordered_messages_carry_their_aggregate_seq_as_a_number_attribute(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
 ) -> None:
     url = make_queue(fifo=True)
     p = await publisher(url)
@@ -261,8 +258,8 @@ async def test_ordered_messages_carry_their_aggregate_seq_as_a_number_attribute(
 
 async def test_fifo_groups_by_aggregate_and_collapses_a_resend_by_outbox_id(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
 ) -> None:
     url = make_queue(fifo=True)
     p = await publisher(url)
@@ -281,8 +278,8 @@ async def test_fifo_groups_by_aggregate_and_collapses_a_resend_by_outbox_id(
 
 async def test_aggregate_ids_sqs_refuses_as_group_ids_get_a_stable_digest(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
 ) -> None:
     odd = "commande n° 7"  # a space and a non-ASCII letter
     assert group_id(odd) == group_id(odd) != odd and group_id("order-7") == "order-7"
@@ -296,8 +293,8 @@ async def test_aggregate_ids_sqs_refuses_as_group_ids_get_a_stable_digest(
 
 async def test_concurrent_publishes_share_one_client(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
 ) -> None:
     url = make_queue(fifo=False)
     p = await publisher(url)
@@ -314,8 +311,8 @@ async def test_concurrent_publishes_share_one_client(
 
 async def test_second_ordered_message_of_an_aggregate_goes_only_after_the_first_is_confirmed(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
 ) -> None:
     url = make_queue(fifo=True)
     faults = Faults()  # no rules: only records the calls
@@ -328,7 +325,7 @@ async def test_second_ordered_message_of_an_aggregate_goes_only_after_the_first_
 
 async def test_ordered_successor_of_an_undelivered_message_is_deferred_unsent(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
+    make_queue: Callable[..., str],
 ) -> None:
     faults = Faults()
     faults.fail_entries({"1": ("InternalError", False)})
@@ -357,7 +354,7 @@ async def test_ordered_successor_of_an_undelivered_message_is_deferred_unsent(
 )
 async def test_throttling_5xx_and_unknown_refusals_are_retryable(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
+    make_queue: Callable[..., str],
     code: str,
     status: int,
     query_code: str | None,
@@ -372,7 +369,7 @@ async def test_throttling_5xx_and_unknown_refusals_are_retryable(
 
 async def test_the_sdk_retries_a_5xx_once_then_hands_over_to_the_relay(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
+    make_queue: Callable[..., str],
 ) -> None:
     faults = Faults()
     faults.error("InternalError", status=500, query_code="InternalError")
@@ -407,7 +404,7 @@ async def test_closed_connection_is_retryable(publisher: MakePublisher) -> None:
 
 async def test_failed_entries_are_classified_one_by_one(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
+    make_queue: Callable[..., str],
 ) -> None:
     faults = Faults()
     faults.fail_entries(
@@ -440,8 +437,8 @@ async def test_failed_entries_are_classified_one_by_one(
 
 async def test_message_too_long_is_permanent_and_never_sent(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
 ) -> None:
     url = make_queue()
     p = await publisher(url)
@@ -455,7 +452,7 @@ async def test_message_too_long_is_permanent_and_never_sent(
 
 async def test_the_queues_own_maximum_message_size_is_read_at_start(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
+    make_queue: Callable[..., str],
 ) -> None:
     p = await publisher(make_queue(MaximumMessageSize="1024"))
     assert p.max_message_bytes == 1024
@@ -466,8 +463,8 @@ async def test_the_queues_own_maximum_message_size_is_read_at_start(
 
 async def test_message_sqs_finds_too_long_is_isolated_by_splitting(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
 ) -> None:
     url = make_queue()
     p = await publisher(url)  # learns 1 MiB; the queue is then narrowed behind its back
@@ -483,7 +480,7 @@ async def test_message_sqs_finds_too_long_is_isolated_by_splitting(
 
 async def test_characters_sqs_refuses_are_permanent_and_never_sent(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
+    make_queue: Callable[..., str],
 ) -> None:
     p = await publisher(make_queue())
     outcomes = await p.publish([msg(1, body='{"s": "\uffff"}'.encode()), msg(2, "bad\x01id")])
@@ -503,8 +500,8 @@ async def test_characters_sqs_refuses_are_permanent_and_never_sent(
 )
 async def test_content_refusals_are_permanent_for_the_culprit_only(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
     code: str,
     query_code: str,
 ) -> None:
@@ -520,7 +517,7 @@ async def test_content_refusals_are_permanent_for_the_culprit_only(
 
 async def test_a_request_botocore_refuses_to_build_is_split_like_a_content_refusal(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
+    make_queue: Callable[..., str],
 ) -> None:
     faults = Faults()
     faults.rules.append(lambda call: ParamValidationError(report="bad entry 2") if "2" in call.entry_ids else None)
@@ -535,8 +532,8 @@ async def test_a_request_botocore_refuses_to_build_is_split_like_a_content_refus
 
 async def test_missing_queue_is_an_outage_reported_once_and_used_as_soon_as_it_exists(
     publisher: MakePublisher,
-    moto_endpoint: str,  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    moto_endpoint: str,
+    sqs_client: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="adapters.sqs")
@@ -571,7 +568,7 @@ async def test_missing_queue_is_an_outage_reported_once_and_used_as_soon_as_it_e
 )
 async def test_configuration_faults_make_every_message_broker_unavailable(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
+    make_queue: Callable[..., str],
     code: str,
     status: int,
     query_code: str | None,
@@ -599,8 +596,8 @@ async def test_refused_connections_are_an_outage(publisher: MakePublisher) -> No
 
 async def test_too_many_entries_are_split_and_resent(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
 ) -> None:
     url = make_queue()
     p = await publisher(url, max_entries=12)  # the relay miscounting SQS's limit of ten
@@ -611,8 +608,8 @@ async def test_too_many_entries_are_split_and_resent(
 
 async def test_a_request_over_the_size_limit_is_split_and_resent(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
 ) -> None:
     url = make_queue()
     p = await publisher(url, max_request_bytes=4 * 1_048_576)  # four 400 kB messages in one request
@@ -624,8 +621,8 @@ async def test_a_request_over_the_size_limit_is_split_and_resent(
 
 async def test_duplicate_entry_ids_are_split_and_resent(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Callable[..., str],
+    sqs_client: Any,
 ) -> None:
     url = make_queue()
     p = await publisher(url)
@@ -636,7 +633,7 @@ async def test_duplicate_entry_ids_are_split_and_resent(
 
 async def test_a_message_too_long_for_any_request_is_permanent(
     publisher: MakePublisher,
-    make_queue: Callable[..., str],  # noqa: F811
+    make_queue: Callable[..., str],
 ) -> None:
     p = await publisher(make_queue(), max_request_bytes=4 * 1_048_576)
     p.max_message_bytes = 4 * 1_048_576  # no local size check: SQS itself refuses the lone entry

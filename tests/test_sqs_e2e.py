@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import threading
 import time
 from collections import defaultdict
@@ -28,18 +27,8 @@ from tests.producers import (
     order_violations,
     produce_unlocked,
 )
-from tests.sqs_server import (  # noqa: F401 - fixtures
-    RelayProcess,
-    make_queue,
-    moto_endpoint,
-    queue_url,
-    receive_all,
-    relay_command,
-    relay_env,
-    sqs_client,
-    unique_queue_name,
-    wait_until,
-)
+from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
+from tests.sqs_server import queue_url, receive_all, unique_queue_name
 
 ORDERING = OrderingMap(default_ordered=False, ordered=("Order*",))
 ORDERING_FLAGS = ("--ordering-default", "unordered", "--ordered", "Order*")
@@ -106,9 +95,9 @@ async def deliver_without_finalizing(url: str, endpoint: str, rows: list[dict[st
 def test_relay_with_three_workers_drains_1000_events_over_50_aggregates_into_a_fifo_queue(
     pg_dsn: str,
     db: Db,
-    make_queue: Any,  # noqa: F811
-    moto_endpoint: str,  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    make_queue: Any,
+    moto_endpoint: str,
+    sqs_client: Any,
 ) -> None:
     url = make_queue(fifo=True)
     asyncio.run(route_by(pg_dsn, db.names, ORDERING))
@@ -125,7 +114,7 @@ def test_relay_with_three_workers_drains_1000_events_over_50_aggregates_into_a_f
     asyncio.run(deliver_without_finalizing(url, moto_endpoint, already))
 
     relay = RelayProcess(
-        "--dsn", pg_dsn, "--schema", db.names.schema,
+        "start", "--dsn", pg_dsn, "--schema", db.names.schema,
         "--broker", "sqs", "--queue-url", url, "--endpoint-url", moto_endpoint, "--region", "us-east-1",
         "--workers", "3", "--poll-interval", "100ms", *ORDERING_FLAGS,
     )  # fmt: skip
@@ -151,8 +140,8 @@ def test_relay_with_three_workers_drains_1000_events_over_50_aggregates_into_a_f
             t.join()
         total = len(db.rows())
         drained = wait_until(lambda: db.statuses() == {"done": total} or not relay.running(), timeout=120)
-        assert drained and relay.running(), relay.log()[-3000:]
-        assert relay.stop() == 0, relay.log()[-3000:]
+        assert drained and relay.running(), relay.stderr()[-3000:]
+        assert relay.stop() == 0, relay.stderr()[-3000:]
     finally:
         relay.close()
 
@@ -177,8 +166,8 @@ def test_relay_with_three_workers_drains_1000_events_over_50_aggregates_into_a_f
 def test_a_queue_created_after_the_relay_started_is_used_within_seconds(
     pg_dsn: str,
     db: Db,
-    moto_endpoint: str,  # noqa: F811
-    sqs_client: Any,  # noqa: F811
+    moto_endpoint: str,
+    sqs_client: Any,
     tmp_path: Path,
 ) -> None:
     name = unique_queue_name(fifo=True)
@@ -192,39 +181,33 @@ def test_a_queue_created_after_the_relay_started_is_used_within_seconds(
     config.write_text(f'[sqs]\nqueue_url = "{url}"\n')
     env = relay_env(RELAY_ENDPOINT_URL=moto_endpoint, RELAY_REGION="us-east-1")
     relay = RelayProcess(
-        "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema,
+        "start", "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema,
         "--broker", "sqs", "--workers", "2", "--poll-interval", "100ms", "--ordering-default", "unordered",
         env=env,
     )  # fmt: skip
     try:
         time.sleep(3)  # several outage rounds
-        assert relay.running(), relay.log()
+        assert relay.running(), relay.stderr()
         statuses = db.statuses()
         assert "done" not in statuses and "dead" not in statuses, statuses
         assert max(r["attempts"] for r in db.rows()) <= 1, "an outage must not spend attempts"
-        outage_lines = [line for line in relay.log().splitlines() if "is unavailable" in line]
-        assert len(outage_lines) == 1 and url in outage_lines[0], relay.log()
+        outage_lines = [line for line in relay.stderr().splitlines() if "is unavailable" in line]
+        assert len(outage_lines) == 1 and url in outage_lines[0], relay.stderr()
 
         sqs_client.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})
         created = time.monotonic()
         assert wait_until(lambda: db.statuses() == {"done": 20}, timeout=15), db.statuses()
         took = time.monotonic() - created
         assert took < 8, f"took {took:.1f}s after the queue appeared"
-        assert "delivery resumed" in relay.log()
-        assert relay.stop() == 0, relay.log()[-3000:]
+        assert "delivery resumed" in relay.stderr()
+        assert relay.stop() == 0, relay.stderr()[-3000:]
     finally:
         relay.close()
     assert sorted(r.outbox_id for r in receive_all(sqs_client, url)) == ids
 
 
 def test_start_without_a_queue_url_exits_2_with_one_line(pg_dsn: str) -> None:
-    done = subprocess.run(
-        [*relay_command(), "start", "--dsn", pg_dsn, "--broker", "sqs"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=relay_env(),
-    )
+    done = run_relay("start", "--dsn", pg_dsn, "--broker", "sqs")
     assert done.returncode == 2
     assert done.stderr.startswith("relay: no SQS queue: pass --queue-url"), done.stderr
     assert len(done.stderr.strip().splitlines()) == 1

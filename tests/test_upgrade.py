@@ -19,8 +19,8 @@ from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
-from tests.cli_proc import run_relay
 from tests.helpers import create_outbox_at
+from tests.relay_process import run_relay
 
 LEASE = timedelta(seconds=30)
 

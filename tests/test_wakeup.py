@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import subprocess
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
@@ -25,10 +22,10 @@ from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.wakeup import LISTENER_TTL
-from tests.cli_proc import RELAY, relay_env
 from tests.conftest import Db
 from tests.helpers import record_listeners
-from tests.test_runner import settings_for, wait_until
+from tests.relay_process import RelayProcess, relay_env, wait_until_async
+from tests.test_runner import settings_for
 
 
 async def _latency(pg_dsn: str, names: OutboxNames, db: Db, *, notify: bool) -> float:
@@ -40,7 +37,7 @@ async def _latency(pg_dsn: str, names: OutboxNames, db: Db, *, notify: bool) -> 
         await asyncio.sleep(0.5)  # both workers have found nothing and gone idle
         started = time.monotonic()
         db.insert([("a", "E", {})])
-        await wait_until(lambda: len(publisher.delivered) == 1, timeout=10)
+        assert await wait_until_async(lambda: len(publisher.delivered) == 1, timeout=10)
         return time.monotonic() - started
     finally:
         stop.set()
@@ -101,27 +98,18 @@ def count(db: Db, status: str) -> int:
 
 
 @contextlib.contextmanager
-def relay_process(pg_dsn: str, names: OutboxNames, *args: str) -> Iterator[subprocess.Popen[str]]:
+def relay_process(pg_dsn: str, names: OutboxNames, *args: str) -> Iterator[RelayProcess]:
     """`relay start --broker log` as a subprocess (its JSON lines to /dev/null); stopped with
     SIGTERM at the end unless the test killed it."""
-    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read on failure, closed below
-    argv = [RELAY, "start", "--schema", names.schema, "--table", names.table, "--broker", "log", *args]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, text=True, env=relay_env(RELAY_DSN=pg_dsn))
-    try:
-        yield proc
-    except BaseException:
-        log.seek(0)
-        print("relay log tail:\n" + "".join(log.readlines()[-30:]))
-        raise
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
+    argv = ["start", "--schema", names.schema, "--table", names.table, "--broker", "log", *args]
+    with RelayProcess(*argv, env=relay_env(RELAY_DSN=pg_dsn), discard_stdout=True) as proc:
+        try:
+            yield proc
+        except BaseException:
+            print("relay log tail:\n" + proc.tail(30))
+            raise
+        finally:
+            proc.stop()
 
 
 # ---- an idle relay is woken; a working one draws no NOTIFY
@@ -137,7 +125,7 @@ async def test_an_idle_relay_is_woken_well_inside_a_long_poll_interval(pg_dsn: s
         for n in range(1, 4):  # idle again after each delivery, and woken again each time
             started = time.monotonic()
             db.insert([("a", "E", {"n": n})])
-            await wait_until(lambda n=n: len(publisher.delivered) == n, timeout=2)  # type: ignore[misc]
+            assert await wait_until_async(lambda n=n: len(publisher.delivered) == n, timeout=2)  # type: ignore[misc]
             assert time.monotonic() - started < 2  # the poll interval is 30 s
             await until(lambda: live_states(db) == [True], what="idle again")
     finally:
@@ -207,8 +195,7 @@ async def test_a_killed_idle_relay_stops_drawing_notifies_once_its_row_expires(
             await until(lambda: count(db, "done") == 1, what="delivery")
             await until(lambda: live_states(db) == [True], what="idle again")
 
-            proc.send_signal(signal.SIGKILL)  # no shutdown: its row stays behind
-            proc.wait(timeout=10)
+            proc.kill()  # no shutdown: its row stays behind
             assert [idle for _, idle, _ in listeners(db)] == [True]
             await until(lambda: live_states(db) == [], timeout=LISTENER_TTL.total_seconds() + 2, what="expiry")
 
@@ -227,12 +214,12 @@ async def test_a_relay_that_does_not_listen_never_says_it_is_idle(pg_dsn: str, n
     try:
         async with listening(pg_dsn, names) as channel:
             db.insert([("a", "E", {})])
-            await wait_until(lambda: len(publisher.delivered) == 1, timeout=5)  # it runs, and polls
+            assert await wait_until_async(lambda: len(publisher.delivered) == 1, timeout=5)  # it runs, and polls
             await asyncio.sleep(0.3)  # its workers have found nothing since
             db.insert([("b", "E", {})])
             assert await heard(channel, 1) == 0
             assert listeners(db) == []
-            await wait_until(lambda: len(publisher.delivered) == 2, timeout=5)
+            assert await wait_until_async(lambda: len(publisher.delivered) == 2, timeout=5)
     finally:
         stop.set()
         await task
@@ -267,7 +254,7 @@ async def test_a_row_committed_while_the_relay_marks_itself_idle_is_not_left_for
                 raise
         # The lock is gone: the mark commits, and the row is found at once, not in 30 s.
         try:
-            await wait_until(lambda: len(publisher.delivered) == 1, timeout=2)
+            assert await wait_until_async(lambda: len(publisher.delivered) == 1, timeout=2)
         finally:
             stop.set()
             await task

@@ -1,4 +1,4 @@
-"""Shared arrangements for the operator-tool tests (test_ops_*.py); holds no tests itself.
+"""Shared arrangements for the operator-tool tests (test_ops_*.py) and the CLI tests that reuse them.
 
 Rows reach 'dead', 'processing' and expired leases through the relay's own claim and
 finalize, never by hand, so the heads table is exactly what a running relay would leave.
@@ -21,8 +21,8 @@ from psycopg import sql
 from relay.message import Decision, OutboxMessage
 from relay.store import OutboxStore
 from relay.worker import Worker
-from tests.cli_proc import run_relay
 from tests.conftest import Db
+from tests.relay_process import run_relay
 
 LEASE = timedelta(seconds=30)
 
