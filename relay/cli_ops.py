@@ -26,32 +26,29 @@ import psycopg
 from relay import logs
 from relay.config import CORE_OPTIONS, LOG_OPTIONS, START_OPTIONS, names_from, require_dsn
 from relay.db import check_schema, connect
-from relay.deadletters import (
-    DeadFilter,
-    default_operator,
-    group_dead,
-    list_dead,
-    refusal_line,
-    render_groups,
-    render_list,
-    render_write,
-    retry,
-    select_ids,
-    skip,
-)
 from relay.dsn import describe_dsn, mask
 from relay.durations import format_bound, format_duration, is_duration_syntax, parse_duration
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
-from relay.explain import explain
-from relay.explain import render_text as render_explanation
 from relay.ids import parse_outbox_id
-from relay.prune import DEFAULT_BATCH, prune
-from relay.prune import render_text as render_prune
-from relay.release import parse_ids, release
-from relay.release import render_text as render_release
+from relay.ops.deadletters import default_operator, group_dead, list_dead, retry, select_ids, skip
+from relay.ops.explain import explain
+from relay.ops.prune import DEFAULT_BATCH, prune
+from relay.ops.queries import Conn, DeadFilter
+from relay.ops.release import parse_ids, release
+from relay.ops.render import (
+    jsonable,
+    refusal_line,
+    render_explanation,
+    render_groups,
+    render_list,
+    render_prune,
+    render_release,
+    render_status,
+    render_write,
+    to_json,
+)
+from relay.ops.status import read_status
 from relay.sqlnames import OutboxNames
-from relay.status import Conn, jsonable, read_status, to_json
-from relay.status import render_text as render_status
 
 OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)
 # A release judges spent attempts as the relays' reaper does: by their --max-attempts

@@ -21,7 +21,8 @@ import click
 from relay import logs
 from relay.cli_ops import OPS_OPTIONS, _run, _with_conn
 from relay.config import names_from, require_dsn
-from relay.deadletters import default_operator
+from relay.ops.deadletters import default_operator
+from relay.ops.queries import Conn
 from relay.shared_settings import (
     SettingsUpdate,
     SharedSettings,
@@ -31,7 +32,6 @@ from relay.shared_settings import (
     update_settings,
 )
 from relay.sqlnames import OutboxNames
-from relay.status import Conn
 
 log = logging.getLogger("relay.settings")
 

@@ -21,8 +21,9 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from relay.message import Decision
+from relay.ops.queries import Conn
+from relay.ops.status import StatusSummary, read_summary
 from relay.sqlnames import OutboxNames
-from relay.status import Conn, StatusSummary, read_summary
 
 OUTCOMES: Final = ("published", "retried", "deferred", "dead", "released", "broker_unavailable")
 # relay.message.Decision kinds that are spelled differently as outcomes.

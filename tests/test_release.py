@@ -17,8 +17,8 @@ from psycopg import sql
 
 from relay.errors import ConfigError
 from relay.message import Decision, OutboxMessage
+from relay.ops.release import parse_ids
 from relay.ordering import OrderingMap
-from relay.release import parse_ids
 from relay.store import OutboxStore
 from tests.cli_proc import relay_env, run_relay, start_relay
 from tests.conftest import Db
