@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from relay import ConfigError, PermanentError
-from relay.cli_ops import _selection
+from relay.cli.dead import _selection
 from relay.ops.deadletters import fingerprint, group_dead, group_key, list_dead
 from relay.ops.queries import DeadFilter
 from relay.ordering import OrderingMap

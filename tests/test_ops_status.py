@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.cli_ops import CLEAR_SCREEN
+from relay.cli.ops import CLEAR_SCREEN
 from relay.errors import ConfigError
 from relay.message import Decision
 from relay.ops.explain import explain
