@@ -2,9 +2,9 @@
 of :mod:`relay.ops.status`, :mod:`relay.ops.explain`, :mod:`relay.ops.deadletters`,
 :mod:`relay.ops.prune` and :mod:`relay.ops.release`.
 
-Nothing here reads the database. Producer data (event types, aggregate ids, errors) is
-escaped and cut by :mod:`relay.textsafe` wherever it reaches a line, so a newline or an
-escape code in a row cannot forge output.
+Nothing here reads the database. In the status, explain and dead output, producer data
+(event types, aggregate ids, errors) is escaped and cut by :mod:`relay.textsafe`, so a
+newline or an escape code in a row cannot forge a line.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def jsonable(value: Any) -> Any:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """``rows`` under ``header`` in columns two spaces apart; the columns ``right`` right-aligned."""
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
 
     def fmt(cells: Sequence[str]) -> str:
@@ -51,6 +52,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[
 
 
 def bytes_text(n: int | None) -> str:
+    """``n`` bytes in binary units (``3.0 MiB``), or ``unknown``."""
     if n is None:
         return "unknown"
     size = float(n)
@@ -62,6 +64,7 @@ def bytes_text(n: int | None) -> str:
 
 
 def one_line(text: str | None, width: int) -> str:
+    """``text`` escaped onto one line of at most ``width`` characters, or ``-``."""
     if not text:
         return "-"
     line = escape(" ".join(text.split()))
@@ -69,6 +72,7 @@ def one_line(text: str | None, width: int) -> str:
 
 
 def ids_text(items: Sequence[object], limit: int = 20) -> str:
+    """The first ``limit`` of ``items``, comma-separated, and how many more."""
     shown = ", ".join(str(i) for i in items[:limit])
     return shown + (f" and {len(items) - limit:,} more" if len(items) > limit else "")
 
