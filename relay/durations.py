@@ -101,3 +101,8 @@ def format_duration(value: timedelta) -> str:
     if seconds < 172800:
         return f"{seconds / 3600:.1f}h".replace(".0h", "h")
     return f"{seconds / 86400:.1f}d".replace(".0d", "d")
+
+
+def age_text(seconds: float | None) -> str:
+    """``3m12s``-style age, or ``-`` when there is nothing to age."""
+    return "-" if seconds is None else format_duration(timedelta(seconds=seconds))

@@ -26,8 +26,8 @@ from psycopg_pool import AsyncConnectionPool
 from relay.db import connect
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable, shown
+from relay.ops import queries
 from relay.sqlnames import OutboxNames
-from relay.status import ops_query
 
 log = logging.getLogger("relay.httpd")
 
@@ -156,7 +156,7 @@ def database_check(dsn: str, names: OutboxNames) -> ReadyCheck:
             return False, f"database: {exc}"
         try:
             async with conn:
-                await conn.execute(ops_query(names, "ready_probe"))
+                await queries.ready_probe(conn, names)
         except psycopg.Error as exc:
             return False, f"database: {type(exc).__name__}: {exc}"
         return True, "database reachable"
@@ -171,7 +171,7 @@ def pool_check(pool: AsyncConnectionPool[Any], names: OutboxNames) -> ReadyCheck
     async def check() -> tuple[bool, str]:
         try:
             async with pool.connection(timeout=READY_TIMEOUT_S) as conn:
-                await conn.execute(ops_query(names, "ready_probe"))
+                await queries.ready_probe(conn, names)
         except Exception as exc:  # a pool timeout is not a psycopg.Error
             return False, f"database: {type(exc).__name__}: {exc}"
         return True, "database reachable"

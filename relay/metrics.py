@@ -21,8 +21,9 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from relay.message import KINDS, Decision
+from relay.ops.queries import Conn
+from relay.ops.status import StatusSummary, read_summary
 from relay.sqlnames import OutboxNames
-from relay.status import Conn, StatusSummary, read_summary
 
 # The `outcome` label: what became of a message, as relay.message.Decision names it.
 OUTCOMES: Final = KINDS

@@ -60,6 +60,13 @@ class Reaped:
     attempts: int
     status: str
 
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Reaped:
+        """A ``reap_expired`` row. Only logged and counted: text that is not UTF-8
+        (SQL_ASCII) is shown escaped, so a metrics label or a log line can always be written."""
+        outbox_id, aggregate_id, event_type, lease_version, attempts, status = row
+        return cls(outbox_id, readable(aggregate_id), readable(event_type), lease_version, attempts, status)
+
 
 @dataclass(frozen=True)
 class Unreadable:
@@ -130,7 +137,7 @@ class OutboxStore:
             async with self.pool.connection() as conn, conn.transaction():
                 if housekeeping:
                     cur = await conn.execute(self._sql["reap_expired"], params)
-                    reaped = [_reaped(row) for row in await cur.fetchall()]
+                    reaped = [Reaped.from_row(row) for row in await cur.fetchall()]
                     numbered, ingest_full = await self._ingest(conn)
                 exact = server_encoding(conn) == SQL_ASCII  # text unchecked: look at every row
                 async with _payload_cursor(conn) as cur:
@@ -152,12 +159,11 @@ class OutboxStore:
         messages: list[OutboxMessage] = []
         unreadable: list[Unreadable] = []
         for row in rows:
-            if row[_PAYLOAD] is None:  # over the budget: claimed alone, its payload read now
-                body = await self._oversized(row)
+            body = row[_PAYLOAD]
+            if body is None:  # over the budget: claimed alone, its payload read now
+                body = await self._oversized(row[_ID], row[_LEASE_VERSION])
                 if body is None:
                     continue
-            else:
-                body = row[_PAYLOAD]
             message = _message(row, body, exact=exact)
             if isinstance(message, Unreadable):
                 unreadable.append(message)
@@ -168,19 +174,20 @@ class OutboxStore:
             messages=messages, reaped=reaped, numbered=numbered, ingest_full=ingest_full, unreadable=unreadable
         )
 
-    async def _oversized(self, row: Sequence[Any]) -> bytes | None:
+    async def _oversized(self, outbox_id: int, lease_version: int) -> bytes | None:
         """The message of a claimed row whose payload is over the budget, its payload read
         on a connection of its own, closed afterwards: libpq keeps a connection's input
         buffer at the largest message it ever received, so a pooled connection that read
         a 10 MB payload once would hold 10 MB or more for the rest of its life."""
-        params = {"id": row[0], "lease_version": row[6]}
+        params = {"id": outbox_id, "lease_version": lease_version}
         async with await _connect_like(self.pool) as conn, _payload_cursor(conn) as cur:
             await cur.execute(self._sql["payload_of"], params)
             found = await cur.fetchone()
         if found is None:  # taken over already (its lease cannot have run out in between)
-            log.warning("claimed row %d was taken over before its payload was read", row[0])
+            log.warning("claimed row %d was taken over before its payload was read", outbox_id)
             return None
-        return bytes(found[0])
+        (payload,) = found
+        return bytes(payload)
 
     async def _ingest(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, bool]:
         """Number what has committed, if no other relay is numbering right now. Two
@@ -229,7 +236,7 @@ class OutboxStore:
             # Not prepared: a generic plan cannot see how many ids the arrays hold and
             # may join them to the table by a scan; a fresh plan per batch is cheaper.
             cur = await conn.execute(self._sql["finalize"], params, prepare=False)
-            written = {row[0] for row in await cur.fetchall()}
+            written = {outbox_id for (outbox_id,) in await cur.fetchall()}
         return {d.message.id for d in decisions} - written
 
     # ---- this process's row in <table>_listeners (relay.wakeup.Presence writes it)
@@ -254,15 +261,11 @@ class OutboxStore:
             await conn.execute(self._sql["listener_answer"])
 
 
-def _reaped(row: Sequence[Any]) -> Reaped:
-    # Only logged and counted: text that is not UTF-8 (SQL_ASCII) is shown escaped, so a
-    # metrics label or a log line can always be written out.
-    outbox_id, aggregate_id, event_type, *rest = row
-    return Reaped(outbox_id, readable(aggregate_id), readable(event_type), *rest)
-
-
-# Columns of the claims' RETURNING lists that the store reads itself.
-_PAYLOAD, _BYTES = 4, 10
+# Columns of the claims' RETURNING list (claim_ordered, claim_unordered) that the claim
+# reads before a row becomes a message (_message names them all). The rows stay psycopg's
+# plain tuples: a claim handles one per leased row, and a named row type would cost a
+# Python call per row on the hot path.
+_ID, _PAYLOAD, _LEASE_VERSION, _BYTES = 0, 4, 6, 10
 
 
 class _PayloadLoader(Loader):
@@ -302,27 +305,32 @@ _TEXT_COLUMNS = ("aggregate_type", "aggregate_id", "event_type")
 
 
 def _message(row: Sequence[Any], body: bytes, *, exact: bool = False) -> OutboxMessage | Unreadable:
-    """A claimed row (the claims' RETURNING list) as the message a publisher gets, or, on
-    a SQL_ASCII database (``exact``), as an Unreadable one if its text or its payload holds
-    bytes that are not UTF-8."""
+    """A claimed row (the claims' RETURNING list, in its order) as the message a publisher
+    gets, or, on a SQL_ASCII database (``exact``), as an Unreadable one if its text or its
+    payload holds bytes that are not UTF-8. ``body`` is its payload (read afterwards when
+    the row was over the byte budget)."""
+    (outbox_id, aggregate_type, aggregate_id, event_type, _payload, attempts, lease_version, age_s, ordered,
+     aggregate_seq, _bytes) = row  # fmt: skip
+    texts = (aggregate_type, aggregate_id, event_type)
     problem = None
     if exact:
-        columns = zip(_TEXT_COLUMNS, row[1:4], strict=True)
+        columns = zip(_TEXT_COLUMNS, texts, strict=True)
         problem = next(((column, where) for column, value in columns if (where := not_utf8(value))), None)
         if problem is None and (where := not_utf8_bytes(body)):
             problem = ("payload", where)
-    texts = row[1:4] if problem is None else [readable(value) for value in row[1:4]]
+    if problem is not None:
+        texts = (readable(texts[0]), readable(texts[1]), readable(texts[2]))
     message = OutboxMessage(
-        id=row[0],
+        id=outbox_id,
         aggregate_type=texts[0],
         aggregate_id=texts[1],
         event_type=texts[2],
         body=body,
-        attempt=row[5],
-        lease_version=row[6],
-        age_s=row[7],
-        ordered=row[8],
-        aggregate_seq=row[9],
+        attempt=attempts,
+        lease_version=lease_version,
+        age_s=age_s,
+        ordered=ordered,
+        aggregate_seq=aggregate_seq,
     )
     if problem is None:
         return message

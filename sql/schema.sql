@@ -50,7 +50,7 @@ CREATE TABLE {outbox} (
     xid            xid8        NOT NULL DEFAULT pg_current_xact_id(),
     -- An operator's decision about a dead message: who re-drove or skipped it, when and
     -- why. No CHECK on them, which every claim and finalize would evaluate (only
-    -- relay.deadletters writes them).
+    -- relay.ops.deadletters writes them).
     resolution     text,         -- 'retried' or 'skipped': the last operator action
     resolved_by    text,         -- who took it (--by; default user@host)
     resolved_at    timestamptz,

@@ -242,13 +242,14 @@ def test_metrics_port_in_use_or_host_unknown(db: Db, pg_dsn: str, taken_port: in
 # Python run as the console script would run, with one function made to fail as a bug would.
 FAILING = """
 import sys
-import relay.cli
+import relay.cli.common
+from relay.cli.main import main
 
 def broken(path):
     raise {exc}
 
-relay.cli.load_file = broken
-relay.cli.main(sys.argv[1:])
+relay.cli.common.load_file = broken
+main(sys.argv[1:])
 """
 
 

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from relay.cli import ALL_OPTIONS
-from relay.cli_ops import AsciiInt
+from relay.cli.common import ALL_OPTIONS, AsciiInt
 from relay.config import CORE_OPTIONS, OPERATE_OPTIONS, START_OPTIONS
 from relay.durations import MAX_DURATION, parse_duration
 from relay.errors import ConfigError

@@ -25,15 +25,16 @@ from psycopg_pool import AsyncConnectionPool
 
 from relay import dsn as dsn_module
 from relay import logs
-from relay.deadletters import DeadFilter, DeadMessage, DeadPage, group_messages, render_groups, render_list
 from relay.dsn import describe_dsn, describe_url, mask, remember_secrets, url_problem
 from relay.errors import ConfigError, PermanentError, RetryableError
 from relay.message import OutboxMessage
 from relay.migrate import migrate
+from relay.ops.deadletters import group_messages
+from relay.ops.queries import DeadFilter, DeadMessage, DeadPage
+from relay.ops.render import event_type_table, render_groups, render_list
+from relay.ops.status import EventTypeStatus
 from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
-from relay.status import EventTypeStatus
-from relay.status import _event_type_table as event_type_table
 from relay.store import OutboxStore
 from relay.textsafe import clip, escape
 from tests.conftest import Db

@@ -11,8 +11,9 @@ import psycopg
 import pytest
 
 from relay import ConfigError, PermanentError
-from relay.cli_ops import _selection
-from relay.deadletters import DeadFilter, fingerprint, group_dead, group_key, list_dead
+from relay.cli.dead import _selection
+from relay.ops.deadletters import fingerprint, group_dead, group_key, list_dead
+from relay.ops.queries import DeadFilter
 from relay.ordering import OrderingMap
 from relay.store import OutboxStore
 from tests.conftest import Db

@@ -11,7 +11,7 @@ import pytest
 from psycopg import sql
 
 from relay.errors import ConfigError
-from relay.prune import prune
+from relay.ops.prune import prune
 from tests.conftest import Db
 from tests.ops_helpers import assert_one_line_error, run_parallel, target
 

@@ -16,14 +16,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.cli_ops import CLEAR_SCREEN
+from relay.cli.ops import CLEAR_SCREEN
 from relay.errors import ConfigError
-from relay.explain import explain
 from relay.message import Decision
+from relay.ops.explain import explain
+from relay.ops.queries import WakeupStatus, ops_query
+from relay.ops.status import attempt_histogram, read_status
 from relay.ordering import OrderingMap
 from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
-from relay.status import WakeupStatus, attempt_histogram, ops_query, read_status
 from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.helpers import record_listeners

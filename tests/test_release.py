@@ -16,8 +16,8 @@ from psycopg import sql
 
 from relay.errors import ConfigError
 from relay.message import Decision, OutboxMessage
+from relay.ops.release import parse_ids
 from relay.ordering import OrderingMap
-from relay.release import parse_ids
 from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.ops_helpers import PATIENCE_S, assert_one_line_error, relay_json, run_parallel, target

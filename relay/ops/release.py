@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg.rows import dict_row
-
-from relay.deadletters import Refusal, _table
 from relay.errors import ConfigError
 from relay.ids import parse_outbox_id
 from relay.message import log_fields
+from relay.ops import queries
+from relay.ops.deadletters import Refusal
+from relay.ops.queries import Conn, LeaseRow
 from relay.sqlnames import OutboxNames
-from relay.status import Conn, age_text, ops_query
 
 log = logging.getLogger("relay.release")
 
@@ -83,18 +82,21 @@ def parse_ids(values: Sequence[str]) -> list[int]:
     return sorted(set(ids))
 
 
-def _held(r: dict[str, Any], max_attempts: int) -> Held:
+def _held(r: LeaseRow, max_attempts: int) -> Held:
+    # Only rows found processing become Held, and the table's lease check gives those an
+    # expiry; an owner is the relay's habit, not a constraint.
+    assert r.lease_until is not None
     return Held(
-        id=r["id"],
-        aggregate_id=r["aggregate_id"],
-        event_type=r["event_type"],
-        lease_owner=r["lease_owner"],
-        lease_version=r["lease_version"],
-        lease_until=r["lease_until"],
-        attempts=r["attempts"],
-        ordered=r["ordered"],
-        aggregate_seq=r["aggregate_seq"],
-        then="dead" if r["attempts"] >= max_attempts else "pending",
+        id=r.id,
+        aggregate_id=r.aggregate_id,
+        event_type=r.event_type,
+        lease_owner=r.lease_owner or "?",
+        lease_version=r.lease_version,
+        lease_until=r.lease_until,
+        attempts=r.attempts,
+        ordered=r.ordered,
+        aggregate_seq=r.aggregate_seq,
+        then="dead" if r.attempts >= max_attempts else "pending",
     )
 
 
@@ -120,41 +122,29 @@ async def release(
     if owner is None and not ids:
         raise ConfigError("say whose leases to release: --owner OWNER or --ids 1,2,3")
     async with conn.transaction():
-        cur = conn.cursor(row_factory=dict_row)
-        if ids:
-            await cur.execute(ops_query(names, "release_by_ids"), {"ids": list(ids)})
-        else:
-            await cur.execute(ops_query(names, "release_by_owner"), {"owner": owner})
-        rows = await cur.fetchall()
-        at = rows[0]["now"] if rows else None
-        found = {r["id"]: r for r in rows}
+        rows = await queries.lease_rows(conn, names, ids=ids, owner=owner)
+        at = rows[0].now if rows else None
+        found = {r.id: r for r in rows}
         refused: list[Refusal] = []
         chosen: list[Held] = []
         for i in ids or sorted(found):
             r = found.get(i)
             if r is None:
                 refused.append(Refusal(i, "unknown id"))
-            elif r["status"] != "processing":
-                refused.append(Refusal(i, f"not processing (status {r['status']})"))
-            elif owner is not None and not _owned_by(r["lease_owner"], owner):
-                refused.append(Refusal(i, f"held by {r['lease_owner']}, not {owner}"))
+            elif r.status != "processing":
+                refused.append(Refusal(i, f"not processing (status {r.status})"))
+            elif owner is not None and not _owned_by(r.lease_owner, owner):
+                refused.append(Refusal(i, f"held by {r.lease_owner}, not {owner}"))
             else:
                 chosen.append(_held(r, max_attempts))
         if not chosen:
-            await cur.execute(ops_query(names, "release_holders"))
-            holders = ", ".join(f"{h['lease_owner']} ({h['n']:,})" for h in await cur.fetchall())
+            holders = ", ".join(f"{h.lease_owner} ({h.n:,})" for h in await queries.lease_holders(conn, names))
             raise ConfigError(_nothing_line(names, owner, refused, holders))
         if dry_run:
             return ReleaseResult(True, at, owner, tuple(chosen), tuple(refused), by, max_attempts)
-        params = {
-            "ids": [h.id for h in chosen],
-            "versions": [h.lease_version for h in chosen],
-            "max_attempts": max_attempts,
-            "by": by,
-            "note": note,
-        }
-        await cur.execute(ops_query(names, "release"), params)
-        written = {r["id"] for r in await cur.fetchall()}
+        written = await queries.release_leases(
+            conn, names, [(h.id, h.lease_version) for h in chosen], max_attempts=max_attempts, by=by, note=note
+        )
     # Under the row locks nothing can change between the read and the write; a row missing
     # here would mean the fence worked against us, and it is reported, not assumed.
     released = tuple(h for h in chosen if h.id in written)
@@ -178,56 +168,3 @@ def _nothing_line(names: OutboxNames, owner: str | None, refused: Sequence[Refus
     else:
         head = f"no processing messages held by {owner!r} in {names.qualified}; nothing changed"
     return f"{head} (leases are held now by: {holders or 'nobody'})"
-
-
-def render_text(result: ReleaseResult, names: OutboxNames) -> str:
-    """What a release did (or would do), for people."""
-    n = len(result.released)
-    noun = f"{n:,} leased message{'s' if n != 1 else ''} of {names.qualified}"
-    whose = f" held by {result.owner}" if result.owner else ""
-    if result.dry_run:
-        lines = [f"dry run: would release {noun}{whose}"]
-    else:
-        lines = [f"Released {noun}{whose} (lease_version + 1: the old owner's late finalize writes nothing)"]
-    at = result.at
-    rows = [
-        (
-            str(h.id),
-            h.aggregate_id,
-            h.event_type,
-            h.lease_owner,
-            str(h.lease_version),
-            _lease_text(h.lease_until, at),
-            str(h.attempts),
-            h.then if h.then == "pending" else f"dead (attempts spent, max {result.max_attempts})",
-        )
-        for h in result.released[:SHOWN]
-    ]
-    header = ("ID", "AGGREGATE", "EVENT TYPE", "OWNER", "LEASE_VERSION", "LEASE EXPIRES", "ATT", "THEN")
-    lines += ["  " + line for line in _table(header, rows, right=(0, 4, 6)).splitlines()]
-    if n > SHOWN:
-        lines.append(f"  ... and {n - SHOWN:,} more (--json lists all)")
-    aggregates = sorted({h.aggregate_id for h in result.released if h.ordered and h.then == "pending"})
-    if aggregates:
-        shown = ", ".join(aggregates[:20]) + (f" and {len(aggregates) - 20:,} more" if len(aggregates) > 20 else "")
-        lines.append(f"  ordered aggregates that {'would ' if result.dry_run else ''}resume in order: {shown}")
-    if result.refused:
-        lines.append("  not touched:")
-        lines += [f"    {r.id}: {r.reason}" for r in result.refused[:SHOWN]]
-        if len(result.refused) > SHOWN:
-            lines.append(f"    ... and {len(result.refused) - SHOWN:,} more")
-    lines.append(f"  by: {result.by}")
-    if result.dry_run:
-        lines += [
-            "  nothing changed; run again with --yes to release them (only for a worker that is gone:",
-            "  a live worker's finalize is then refused and its messages are delivered again)",
-        ]
-    return "\n".join(lines)
-
-
-def _lease_text(until: datetime, at: datetime | None) -> str:
-    stamp = until.isoformat(timespec="seconds")
-    if at is None:
-        return stamp
-    left = (until - at).total_seconds()
-    return f"{stamp} ({'in ' + age_text(left) if left > 0 else 'expired ' + age_text(-left) + ' ago'})"

@@ -20,12 +20,11 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from psycopg.rows import dict_row
-
 from relay.durations import format_duration
 from relay.errors import ConfigError
+from relay.ops import queries
+from relay.ops.queries import Conn
 from relay.sqlnames import OutboxNames
-from relay.status import Conn, ops_query
 
 log = logging.getLogger("relay.prune")
 
@@ -73,34 +72,28 @@ async def prune(
         raise ConfigError(f"invalid batch size {batch}: must be at least 1")
     if not conn.autocommit:
         raise ValueError("prune needs an autocommit connection: each chunk is its own transaction")
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(ops_query(names, "prune_cutoff"), {"older_than": older_than})
-    row = await cur.fetchone()
-    assert row is not None  # SELECT without FROM
-    cutoff: datetime = row["cutoff"]
-    statement = ops_query(names, "prune_chunk_count" if dry_run else "prune_chunk")
+    cutoff = await queries.prune_cutoff(conn, names, older_than)
     after, batches, scanned, done, dead = 0, 0, 0, 0, 0
     while True:
-        params = {"after_id": after, "batch": batch, "cutoff": cutoff, "include_dead": include_dead}
-        await cur.execute(statement, params)
-        chunk = await cur.fetchone()
-        assert chunk is not None  # aggregates over the chunk always return a row
+        chunk = await queries.prune_chunk(
+            conn, names, after_id=after, batch=batch, cutoff=cutoff, include_dead=include_dead, dry_run=dry_run
+        )
         batches += 1
-        scanned += chunk["scanned"]
-        done += chunk["done"]
-        dead += chunk["dead"]
+        scanned += chunk.scanned
+        done += chunk.done
+        dead += chunk.dead
         log.debug(
             "prune chunk %d: ids %d..%s, %d done and %d dead %s",
             batches,
             after + 1,
-            chunk["last_id"],
-            chunk["done"],
-            chunk["dead"],
+            chunk.last_id,
+            chunk.done,
+            chunk.dead,
             "would be deleted" if dry_run else "deleted",
         )
-        if chunk["last_id"] is None or chunk["all_newer"] or chunk["scanned"] < batch:
+        if chunk.last_id is None or chunk.all_newer or chunk.scanned < batch:
             break
-        after = chunk["last_id"]
+        after = chunk.last_id
     result = PruneResult(
         cutoff=cutoff,
         older_than=older_than,
@@ -110,7 +103,7 @@ async def prune(
         dead=dead,
         batches=batches,
         scanned=scanned,
-        last_id=chunk["last_id"] or (after or None),
+        last_id=chunk.last_id or (after or None),
     )
     log.info(
         "%s %d done and %d dead rows of %s older than %s (%d batches)",
@@ -122,24 +115,3 @@ async def prune(
         batches,
     )
     return result
-
-
-def render_text(result: PruneResult, names: OutboxNames) -> str:
-    """One paragraph saying what was (or would be) removed."""
-    verb = "would delete" if result.dry_run else "deleted"
-    lines = [
-        f"{'dry run: ' if result.dry_run else ''}{names.qualified}: {verb} {result.done:,} done row"
-        f"{'s' if result.done != 1 else ''} finished before {result.cutoff.isoformat(timespec='seconds')}"
-        f" (older than {format_duration(result.older_than)})",
-    ]
-    if result.include_dead:
-        lines.append(f"  and {result.dead:,} dead row{'s' if result.dead != 1 else ''} created before it")
-    else:
-        lines.append("  dead rows kept (--include-dead removes those created before the cutoff)")
-    lines.append(
-        f"  {result.batches:,} batch{'es' if result.batches != 1 else ''}, {result.scanned:,} rows read"
-        + (f", stopped after id {result.last_id}" if result.last_id is not None else "")
-    )
-    if result.dry_run:
-        lines.append("  nothing changed")
-    return "\n".join(lines)

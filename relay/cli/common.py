@@ -1,0 +1,143 @@
+"""What the ``relay`` commands share: the option decorators, how flags, variables and the
+config file become one dict of values, and how a command's database work runs.
+
+Every command module imports this one and nothing imports a command module but
+:mod:`relay.cli.main`, which registers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+import click
+import psycopg
+
+from adapters.registry import broker_options
+from relay import logs
+from relay.config import CORE_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS, names_from, require_dsn
+from relay.db import check_schema, connect
+from relay.dsn import mask
+from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
+from relay.ops.queries import Conn
+from relay.options import Option, check_file_keys, load_file, resolve
+from relay.sqlnames import OutboxNames
+
+BROKER_OPTIONS = broker_options()
+ALL_OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
+# The operator commands take --dsn, --schema, --table, --config, --log-level and
+# --log-format the way `relay migrate` does.
+OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)
+_DIGITS = re.compile(r"[0-9]{1,19}")  # a count: ASCII digits, as ids (relay.ids)
+
+T = TypeVar("T")
+F = Callable[..., Any]
+
+
+def with_options(options: Sequence[Option]) -> Callable[[F], F]:
+    """Add one click option per declared Option; every default stays None so that
+    :func:`relay.options.resolve` can tell "not given" from "given"."""
+
+    def decorate(func: F) -> F:
+        for o in reversed(options):
+            bounds = f" [{o.bounds}]" if o.bounds else ""
+            help_text = o.help + bounds + f" [env {o.env}]"
+            if o.kind == "bool":
+                func = click.option(f"{o.flag}/--no-{o.flag[2:]}", o.dest, default=None, help=help_text)(func)
+            else:
+                func = click.option(
+                    o.flag,
+                    o.dest,
+                    default=None,
+                    multiple=o.kind == "list",
+                    metavar=_metavar(o),
+                    help=help_text,
+                )(func)
+        return click.option(
+            "--config",
+            "config_path",
+            envvar="RELAY_CONFIG",
+            default=None,
+            metavar="FILE",
+            help="TOML config file. [env RELAY_CONFIG]",
+        )(func)
+
+    return decorate
+
+
+def _metavar(o: Option) -> str:
+    if o.kind == "choice":
+        return "[" + "|".join(o.choices) + "]"
+    return {"duration": "DURATION", "int": "N", "float": "X", "list": "TYPE"}.get(o.kind, "TEXT")
+
+
+def settings_for(options: Sequence[Option], cli_values: dict[str, Any]) -> dict[str, Any]:
+    path = cli_values.pop("config_path", None)
+    file = load_file(path)
+    if path:
+        check_file_keys(file, ALL_OPTIONS, path)
+    return resolve(options, cli_values, file)
+
+
+def ops_setup(cli_values: dict[str, Any]) -> tuple[str, OutboxNames]:
+    """An operator command's values resolved and logging set up: its DSN and outbox."""
+    values = settings_for(OPS_OPTIONS, cli_values)
+    logs.configure(values["log_level"], values["log_format"])
+    return require_dsn(values), names_from(values)
+
+
+class AsciiInt(click.types.IntParamType):
+    """A whole number in ASCII digits within ``low``..``high``: click.INT, like int(), also
+    takes "1_0" (10) and "\u0661" (an Arabic-Indic 1)."""
+
+    def __init__(self, low: int, high: int) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+            number = int(value.strip())
+        else:
+            self.fail(f"{shown(value)} is not a whole number (ASCII digits)", param, ctx)
+        if not self.low <= number <= self.high:
+            self.fail(f"{number} is not in the range {self.low}..{self.high:,}", param, ctx)
+        return number
+
+
+def check_text(value: str | None, what: str) -> None:
+    """Refuse text the database could not take. Bytes that are not UTF-8 in an argument
+    reach Python as lone surrogates, which no client encoding can send."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"invalid {what}: not UTF-8 text (character {exc.start + 1} of {len(value):,})") from None
+
+
+# ---- running
+
+
+async def with_conn(dsn: str, names: OutboxNames, body: Callable[[Conn], Awaitable[T]]) -> T:
+    """``body`` on a new connection to an outbox whose schema is checked first."""
+    conn = await connect(dsn)
+    async with conn:
+        await check_schema(conn, names)
+        return await body(conn)
+
+
+def masked_first_line(exc: BaseException) -> str:
+    return mask(first_line(exc))
+
+
+def run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a command's coroutine; database errors become one masked line (exit code 2)."""
+    try:
+        return asyncio.run(make())
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"database error: {masked_first_line(exc)}") from None
+    except psycopg.Error as exc:
+        raise ConfigError(f"the database refused the request: {masked_first_line(exc)}") from None

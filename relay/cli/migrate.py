@@ -1,0 +1,64 @@
+"""`relay migrate`: create or upgrade the outbox table, and store shared settings if asked."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+import click
+import psycopg
+
+from relay import logs
+from relay.cli.common import settings_for, with_options
+from relay.config import CORE_OPTIONS, LOG_OPTIONS, ORDERING_OPTIONS, names_from, ordering_from, require_dsn
+from relay.db import connect
+from relay.errors import ConfigError
+from relay.migrate import migrate as apply_migrations
+from relay.migrate import pg_message
+from relay.shared_settings import SHARED_OPTIONS, SettingsUpdate, render_change, update_settings
+
+# For migrate, the shared settings' options default to "not given": only a map (or a
+# notify) someone asked for replaces the stored one.
+MIGRATE_OPTIONS = (*CORE_OPTIONS, *(replace(o, default=None) for o in SHARED_OPTIONS), *LOG_OPTIONS)
+
+
+@click.command("migrate")
+@with_options(MIGRATE_OPTIONS)
+def migrate_cmd(**cli_values: Any) -> None:
+    """Create or upgrade the outbox table (idempotent; safe to run concurrently).
+
+    With --ordering-default/--ordered/--unordered (or an [ordering] table in --config), also
+    store that ordering map, so rows are routed by it from then on; with --notify/--no-notify,
+    store whether producers' inserts wake the relays. Both are shared by every relay of the
+    outbox (`relay settings show`); without these options the stored settings stay as they are.
+    """
+    values = settings_for(MIGRATE_OPTIONS, cli_values)
+    logs.configure(values["log_level"], values["log_format"])
+    dsn, names = require_dsn(values), names_from(values)
+    given = any(values[o.dest] not in (None, ()) for o in ORDERING_OPTIONS)
+    ordering = ordering_from(values) if given else None
+    if ordering is not None:
+        update: SettingsUpdate | None = SettingsUpdate.whole_map(ordering, notify=values["notify"])
+    else:
+        update = SettingsUpdate(notify=values["notify"]) if values["notify"] is not None else None
+
+    async def run() -> None:
+        conn = await connect(dsn)
+        async with conn:
+            result = await apply_migrations(conn, names)
+            try:
+                change = await update_settings(conn, names, update) if update is not None else None
+            except psycopg.Error as exc:
+                why = pg_message(exc)
+                raise ConfigError(f"cannot store the shared settings of {names.qualified}: {why}") from None
+        if result.applied:
+            click.echo(f"{names.qualified}: applied {', '.join(result.applied)}")
+        else:
+            click.echo(f"{names.qualified}: up to date ({len(result.already)} migrations applied earlier)")
+        if ordering is not None:
+            click.echo(f"{names.qualified}: ordering map stored: {ordering.describe()}")
+        if change is not None:
+            click.echo(render_change(change, names))
+
+    asyncio.run(run())

@@ -1,0 +1,53 @@
+"""`relay start`: deliver outbox rows to the broker until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+import click
+
+from adapters.registry import create_publisher
+from relay import logs
+from relay.cli.common import BROKER_OPTIONS, settings_for, with_options
+from relay.config import CORE_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS, RelaySettings
+from relay.options import load_file
+from relay.shared_settings import given_settings
+
+START_ALL = (*CORE_OPTIONS, *START_OPTIONS, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
+
+
+@click.command("start")
+@with_options(START_ALL)
+def start_cmd(**cli_values: Any) -> None:
+    """Deliver outbox rows to the broker until SIGINT or SIGTERM."""
+    from relay.runner import Operations, run_relay
+
+    config_path = cli_values.get("config_path")
+    values = settings_for(START_ALL, cli_values)
+    logs.configure(values["log_level"], values["log_format"])
+    settings = RelaySettings.from_values(values)
+    # The shared settings this process was told explicitly: compared with the stored ones
+    # at start, never written (`relay settings set` changes those).
+    given = given_settings(values, cli_values, load_file(config_path), os.environ)
+    publisher = create_publisher(settings.broker, values, settings.publish_limits)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        signals = {"count": 0}
+
+        def on_signal() -> None:
+            signals["count"] += 1
+            if signals["count"] > 1:
+                # A second signal means "now": leases return every claimed row.
+                os._exit(130)
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        await run_relay(settings, publisher, stop, operate=Operations.from_values(values), given=given)
+
+    asyncio.run(run())

@@ -1,0 +1,153 @@
+"""`relay status`: is the relay keeping up? Counts, ages and blocked aggregates of one outbox.
+
+Every figure comes from the partial indexes of unfinished rows (see ``sql/ops.sql``), so a
+table holding millions of done rows answers as fast as an empty one. The done count is
+the only figure not counted: it is the statistics system's live-row estimate minus the
+exact unfinished counts, and is labelled as an estimate wherever it is shown.
+
+The figures are read by :mod:`relay.ops.queries`; this module turns its rows into ages
+and totals, and :mod:`relay.ops.render` shows them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from relay.ops import queries
+from relay.ops.queries import Conn, EventTypeRow, SummaryRow, WakeupStatus
+from relay.shared_settings import SharedSettings, read_settings
+from relay.sqlnames import OutboxNames
+
+# Histogram buckets of attempts used so far: exact for the first few (the usual retries),
+# then doubling, so a long tail of poison messages stays on one screen.
+ATTEMPT_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, None))
+
+
+@dataclass(frozen=True)
+class StatusSummary:
+    """The headline figures of one outbox; ages are seconds by the database clock."""
+
+    at: datetime
+    pending_unordered: int
+    pending_ordered: int
+    processing: int
+    expired_leases: int
+    dead: int
+    oldest_waiting_age_s: float | None  # oldest pending or processing message; None when none waits
+    oldest_dead_age_s: float | None
+    blocked_aggregates: int  # ordered aggregates whose head message is dead
+    oldest_blocked_age_s: float | None  # age of the oldest dead head
+    waiting_behind_blocked: int  # ordered messages queued behind those dead heads
+    done_estimate: int | None  # an estimate, never a count: see the module docstring
+    total_bytes: int | None  # table, indexes and TOAST
+
+    @property
+    def pending(self) -> int:
+        return self.pending_unordered + self.pending_ordered
+
+    @property
+    def awaiting(self) -> int:
+        """Messages not yet delivered and not given up on: pending plus processing."""
+        return self.pending + self.processing
+
+
+@dataclass(frozen=True)
+class EventTypeStatus:
+    """Unfinished rows of one event type."""
+
+    event_type: str
+    pending: int
+    processing: int
+    expired_leases: int
+    dead: int
+    oldest_waiting_age_s: float | None
+
+
+@dataclass(frozen=True)
+class Status:
+    """Everything `relay status` shows."""
+
+    summary: StatusSummary
+    attempts: Mapping[int, int]  # attempts used so far -> messages awaiting delivery
+    by_event_type: tuple[EventTypeStatus, ...] | None  # None unless asked for
+    settings: SharedSettings | None = None  # the stored ordering map and notify
+    wakeups: WakeupStatus | None = None
+
+
+def _age(now: datetime, then: datetime | None) -> float | None:
+    return None if then is None else max((now - then).total_seconds(), 0.0)
+
+
+def summarize(r: SummaryRow) -> StatusSummary:
+    """The headline figures of a ``status_summary`` row: ages by its clock, done estimated."""
+    unfinished = r.pending_unordered + r.pending_ordered + r.processing + r.dead
+    return StatusSummary(
+        at=r.now,
+        pending_unordered=r.pending_unordered,
+        pending_ordered=r.pending_ordered,
+        processing=r.processing,
+        expired_leases=r.expired_leases,
+        dead=r.dead,
+        oldest_waiting_age_s=_age(r.now, r.oldest_waiting_at),
+        oldest_dead_age_s=_age(r.now, r.oldest_dead_at),
+        blocked_aggregates=r.blocked_aggregates,
+        oldest_blocked_age_s=_age(r.now, r.oldest_blocked_at),
+        waiting_behind_blocked=r.waiting_behind_blocked,
+        done_estimate=None if r.live_estimate is None else max(r.live_estimate - unfinished, 0),
+        total_bytes=r.total_bytes,
+    )
+
+
+async def read_summary(conn: Conn, names: OutboxNames) -> StatusSummary:
+    """The headline figures; also what :meth:`relay.metrics.RelayMetrics.refresh_gauges` reads."""
+    return summarize(await queries.status_summary(conn, names))
+
+
+async def read_status(conn: Conn, names: OutboxNames, *, by_event_type: bool = False) -> Status:
+    """The summary, the attempts histogram and, if asked, the breakdown by event type."""
+    summary = await read_summary(conn, names)
+    attempts = await queries.status_attempts(conn, names)
+    breakdown: tuple[EventTypeStatus, ...] | None = None
+    if by_event_type:
+        breakdown = by_event_type_status(summary.at, await queries.status_by_event_type(conn, names))
+    settings = await read_settings(conn, names)
+    wakeups = await queries.status_wakeups(conn, names)
+    return Status(summary=summary, attempts=attempts, by_event_type=breakdown, settings=settings, wakeups=wakeups)
+
+
+def by_event_type_status(now: datetime, rows: Sequence[EventTypeRow]) -> tuple[EventTypeStatus, ...]:
+    """One :class:`EventTypeStatus` per event type of ``rows`` (one row per type and status),
+    sorted by event type; the oldest waiting is the oldest pending or processing row."""
+    acc: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        entry = acc.setdefault(
+            row.event_type, {"pending": 0, "processing": 0, "expired_leases": 0, "dead": 0, "oldest": None}
+        )
+        entry[row.status] = row.n
+        entry["expired_leases"] += row.expired
+        if row.status in ("pending", "processing") and (entry["oldest"] is None or row.oldest < entry["oldest"]):
+            entry["oldest"] = row.oldest
+    return tuple(
+        EventTypeStatus(
+            event_type=event_type,
+            pending=e["pending"],
+            processing=e["processing"],
+            expired_leases=e["expired_leases"],
+            dead=e["dead"],
+            oldest_waiting_age_s=_age(now, e["oldest"]),
+        )
+        for event_type, e in sorted(acc.items())
+    )
+
+
+def attempt_histogram(attempts: Mapping[int, int]) -> list[tuple[str, int]]:
+    """``attempts`` folded into :data:`ATTEMPT_BUCKETS` as ``(label, count)``."""
+    out = []
+    for low, high in ATTEMPT_BUCKETS:
+        n = sum(c for a, c in attempts.items() if a >= low and (high is None or a <= high))
+        label = f"{low}+" if high is None else (str(low) if low == high else f"{low}-{high}")
+        out.append((label, n))
+    return out
