@@ -10,11 +10,11 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from relay.contract import Publisher, PublishLimits
+from relay.contract import BROKERS, Publisher, PublishLimits
 from relay.options import Option
 
 # broker name -> module under adapters/ that defines OPTIONS and create(values, limits)
-_MODULES = {"log": "adapters.log", "rabbitmq": "adapters.rabbitmq", "sqs": "adapters.sqs"}
+_MODULES = {name: f"adapters.{name}" for name in BROKERS}
 
 
 def broker_options() -> tuple[Option, ...]:

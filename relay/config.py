@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from relay.backoff import Backoff
-from relay.contract import PublishLimits
+from relay.contract import BROKERS, PublishLimits
 from relay.decide import Policy
 from relay.errors import ConfigError
 from relay.options import DAY, HOUR, MINUTE, MS, SECOND, Option, SizeOption
@@ -19,9 +19,6 @@ from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from relay.store import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, MIN_BATCH_BYTES
 from relay.worker import WorkerConfig, lease_margin
-
-BROKERS = ("sqs", "rabbitmq", "log")
-
 
 CORE_OPTIONS: tuple[Option, ...] = (
     Option(

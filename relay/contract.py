@@ -50,6 +50,10 @@ class Publisher(Protocol):
     async def close(self) -> None: ...
 
 
+# The brokers `--broker` accepts. Each is the adapter module of that name under adapters/
+# (adapters.registry imports it when it is chosen); adding a broker adds its name here.
+BROKERS = ("sqs", "rabbitmq", "log")
+
 # The core's default for --publish-timeout, for adapters' own defaults derived from it.
 DEFAULT_PUBLISH_TIMEOUT = timedelta(seconds=20)
 
