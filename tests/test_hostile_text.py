@@ -31,7 +31,8 @@ from relay.message import OutboxMessage
 from relay.migrate import migrate
 from relay.ops.deadletters import group_messages
 from relay.ops.queries import DeadFilter, DeadMessage, DeadPage
-from relay.ops.render import event_type_table, render_groups, render_list
+from relay.ops.release import Held, ReleaseResult
+from relay.ops.render import event_type_table, render_groups, render_list, render_release
 from relay.ops.status import EventTypeStatus
 from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
@@ -346,6 +347,27 @@ def test_dead_list_and_status_tables_have_one_row_per_message_or_type() -> None:
     assert len(groups.splitlines()) == 1 + 3 + 1  # header, three groups, the total
     assert len(status.splitlines()) == 1 + 4
     assert "Order\\nPaid" in status and "Order\\rShipped" in status
+
+
+def test_release_text_escapes_producer_data_and_owners() -> None:
+    at = datetime(2026, 1, 2, tzinfo=UTC)
+
+    def held(i: int, aggregate_id: str, event_type: str, owner: str) -> Held:
+        return Held(i, aggregate_id, event_type, owner, 1, at, 1, True, i, "pending")
+
+    result = ReleaseResult(
+        dry_run=True,
+        at=at,
+        owner="gone\x1b[2J",
+        released=(held(1, FORGED, "Order\nPaid", "host:1:0\r\nforged"), held(2, "b\u2028c", "E" * 70_000, "h")),
+        refused=(),
+        by="alice\x07",
+        max_attempts=3,
+    )
+    out = render_release(result, OutboxNames(schema="public", table="outbox"))
+    assert not RAW_CONTROL.search(out.replace("\n", "")), out
+    assert "…(70000 chars)" in out and max(len(line) for line in out.splitlines()) < 1000
+    assert "Order\\nPaid" in out and "forged" in out.splitlines()[2]  # the forged owner stays on its row
 
 
 def test_textsafe_escapes_every_control_character_and_nothing_else() -> None:

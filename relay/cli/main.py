@@ -1,5 +1,5 @@
 """The ``relay`` command line. Options come from flags, ``RELAY_*`` variables and the
-TOML file (``--config``), in that order; see :mod:`relay.config`.
+TOML file (``--config``), in that order; see :mod:`relay.options`.
 
 This module holds the ``relay`` group and the console entry point :func:`main`; each
 command family lives in a module of its own (:mod:`relay.cli.migrate`,

@@ -342,7 +342,7 @@ def render_release(result: ReleaseResult, names: OutboxNames) -> str:
     """What a release did (or would do), for people."""
     n = len(result.released)
     noun = f"{n:,} leased message{'s' if n != 1 else ''} of {names.qualified}"
-    whose = f" held by {result.owner}" if result.owner else ""
+    whose = f" held by {printable(result.owner)}" if result.owner else ""
     if result.dry_run:
         lines = [f"dry run: would release {noun}{whose}"]
     else:
@@ -351,9 +351,11 @@ def render_release(result: ReleaseResult, names: OutboxNames) -> str:
     rows = [
         (
             str(h.id),
-            h.aggregate_id,
-            h.event_type,
-            h.lease_owner,
+            # Producer data and the owner a worker wrote: escaped and cut, as in the other
+            # commands' tables, so a hostile value cannot forge lines or steer the terminal.
+            printable(h.aggregate_id),
+            printable(h.event_type),
+            printable(h.lease_owner),
             str(h.lease_version),
             _lease_text(h.lease_until, at),
             str(h.attempts),
@@ -367,14 +369,15 @@ def render_release(result: ReleaseResult, names: OutboxNames) -> str:
         lines.append(f"  ... and {n - SHOWN:,} more (--json lists all)")
     aggregates = sorted({h.aggregate_id for h in result.released if h.ordered and h.then == "pending"})
     if aggregates:
-        shown = ", ".join(aggregates[:20]) + (f" and {len(aggregates) - 20:,} more" if len(aggregates) > 20 else "")
+        shown = ", ".join(printable(a) for a in aggregates[:20])
+        shown += f" and {len(aggregates) - 20:,} more" if len(aggregates) > 20 else ""
         lines.append(f"  ordered aggregates that {'would ' if result.dry_run else ''}resume in order: {shown}")
     if result.refused:
         lines.append("  not touched:")
         lines += [f"    {r.id}: {r.reason}" for r in result.refused[:SHOWN]]
         if len(result.refused) > SHOWN:
             lines.append(f"    ... and {len(result.refused) - SHOWN:,} more")
-    lines.append(f"  by: {result.by}")
+    lines.append(f"  by: {escape(result.by)}")
     if result.dry_run:
         lines += [
             "  nothing changed; run again with --yes to release them (only for a worker that is gone:",
