@@ -10,8 +10,10 @@ from psycopg import sql
 
 from adapters.memory import InMemoryPublisher, Script
 from relay.backoff import Backoff
+from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.contract import PublishLimits
 from relay.decide import Policy
+from relay.options import resolve
 from relay.sqlfiles import migrations, named_queries
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
@@ -91,3 +93,14 @@ def record_listeners(conn: psycopg.Connection[Any], names: OutboxNames, rows: li
                 (owner, idle, valid),
             )
         conn.execute(names.render(queries["listener_answer"]))
+
+
+def settings_for(pg_dsn: str, names: OutboxNames, **over: object) -> RelaySettings:
+    """`relay start`'s settings for an in-process relay over ``names``: the defaults, the
+    log broker, a 50 ms poll, and ``over`` on top (option dests as keys)."""
+    values = resolve((*CORE_OPTIONS, *START_OPTIONS), {}, {}, {})
+    values.update(
+        dsn=pg_dsn, schema=names.schema, table=names.table, broker="log", poll_interval=timedelta(milliseconds=50)
+    )
+    values.update(over)
+    return RelaySettings.from_values(values)

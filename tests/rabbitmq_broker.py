@@ -32,6 +32,7 @@ import pytest
 from adapters.rabbitmq.publisher import RabbitPublisher
 from adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
 from relay.message import OutboxMessage
+from relay.sqlnames import OutboxNames
 from tests.services import docker_answers, require_services
 
 SKIP_AMQP = (
@@ -470,3 +471,8 @@ async def proxy(amqp: AmqpService) -> AsyncIterator[TcpProxy]:
         yield p
     finally:
         await p.cut()
+
+
+def relay_args(pg_dsn: str, names: OutboxNames, url: str, *extra: str) -> list[str]:
+    """The arguments of `relay start` delivering outbox ``names`` to RabbitMQ at ``url``."""
+    return ["--dsn", pg_dsn, "--schema", names.schema, "--broker", "rabbitmq", "--amqp-url", url, *extra]

@@ -19,9 +19,8 @@ from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.ops_helpers import assert_one_line_error, claim_until, kill, run_parallel, target
-from tests.rabbitmq_broker import Rabbit
+from tests.rabbitmq_broker import Rabbit, relay_args
 from tests.relay_process import RelayProcess, relay_env, run_relay
-from tests.test_rabbitmq_e2e import relay_args
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 

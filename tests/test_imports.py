@@ -143,3 +143,14 @@ def test_reading_the_brokers_options_loads_no_dispatch_path() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == ""
+
+
+def test_test_modules_share_helpers_not_each_other() -> None:
+    # What several test modules use lives in a helper module (tests/relay_process.py,
+    # helpers.py, deliveries.py, ...), so that running one test file never collects another.
+    wrong = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.test_"):
+                wrong.append(f"{path.name} imports {node.module}")
+    assert wrong == []

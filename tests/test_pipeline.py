@@ -31,11 +31,11 @@ from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.worker import RELEASED_BROKER_REFUSED, Worker, WorkerConfig
 from tests.conftest import Db
+from tests.deliveries import ORDERED, check_deliveries, read_queue, store_fleet_ordering
 from tests.helpers import make_worker
 from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
 from tests.rabbitmq_broker import AmqpService, Rabbit, TcpProxy
 from tests.relay_process import RelayProcess, relay_env, wait_until_async
-from tests.test_faults import ORDERED, check_deliveries, read_queue, store_fleet_ordering
 
 # How long the proxy holds the broker's frames: each publish waits this long for its
 # confirms, the window in which the next batch is leased and waiting.

@@ -23,7 +23,7 @@ from tests.producers import (
     order_violations,
     produce_unlocked,
 )
-from tests.rabbitmq_broker import AmqpService, Rabbit, unique
+from tests.rabbitmq_broker import AmqpService, Rabbit, relay_args, unique
 from tests.relay_process import RelayProcess, run_relay, wait_until_async
 
 
@@ -48,10 +48,6 @@ async def wait_until_done(db: Db, process: RelayProcess, total: int, timeout: fl
 
     assert await wait_until_async(drained, timeout, interval=0.25), f"not drained within {timeout}s: {db.statuses()}"
     return time.monotonic() - started
-
-
-def relay_args(pg_dsn: str, names: OutboxNames, url: str, *extra: str) -> list[str]:
-    return ["--dsn", pg_dsn, "--schema", names.schema, "--broker", "rabbitmq", "--amqp-url", url, *extra]
 
 
 async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_in_commit_order(

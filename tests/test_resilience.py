@@ -19,9 +19,8 @@ from relay.runner import run_relay
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.conftest import Db
-from tests.helpers import make_worker, terminate_relay_sessions
+from tests.helpers import make_worker, settings_for, terminate_relay_sessions
 from tests.relay_process import wait_until_async
-from tests.test_runner import settings_for
 
 
 def test_the_database_refuses_two_ordered_messages_of_one_aggregate_in_flight(db: Db) -> None:

@@ -10,22 +10,12 @@ from datetime import timedelta
 import pytest
 
 from adapters.memory import STALL, InMemoryPublisher
-from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
-from relay.options import resolve
 from relay.runner import _every as runner_every
 from relay.runner import run_relay
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
+from tests.helpers import settings_for
 from tests.relay_process import wait_until_async
-
-
-def settings_for(pg_dsn: str, names: OutboxNames, **over: object) -> RelaySettings:
-    values = resolve((*CORE_OPTIONS, *START_OPTIONS), {}, {}, {})
-    values.update(
-        dsn=pg_dsn, schema=names.schema, table=names.table, broker="log", poll_interval=timedelta(milliseconds=50)
-    )
-    values.update(over)
-    return RelaySettings.from_values(values)
 
 
 async def test_workers_share_the_work(pg_dsn: str, names: OutboxNames, db: Db) -> None:

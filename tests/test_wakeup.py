@@ -23,9 +23,8 @@ from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.wakeup import LISTENER_TTL
 from tests.conftest import Db
-from tests.helpers import record_listeners
+from tests.helpers import record_listeners, settings_for
 from tests.relay_process import RelayProcess, relay_env, wait_until_async
-from tests.test_runner import settings_for
 
 
 async def _latency(pg_dsn: str, names: OutboxNames, db: Db, *, notify: bool) -> float:
