@@ -23,6 +23,7 @@ from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
+from tests.relay_process import RelayProcess
 from tests.services import SKIP_PG, postgres_dsn, require_services
 
 pytest_plugins = ("tests.rabbitmq_broker", "tests.sqs_server")
@@ -76,6 +77,16 @@ def make_store(pool: AsyncConnectionPool[Any], names: OutboxNames) -> Callable[.
 @pytest.fixture
 async def store(make_store: Callable[..., Awaitable[OutboxStore]]) -> OutboxStore:
     return await make_store()
+
+
+@pytest.fixture
+def relays() -> Iterator[list[RelayProcess]]:
+    """Relay processes a test starts (``relays.append(RelayProcess(...))``); any still
+    running at teardown are killed and their output files removed."""
+    started: list[RelayProcess] = []
+    yield started
+    for process in started:
+        process.close()
 
 
 @pytest.fixture

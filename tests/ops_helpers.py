@@ -137,15 +137,3 @@ def relay_json(*args: str) -> Any:
 def target(dsn: str, db: Db) -> list[str]:
     """The flags naming the test's outbox."""
     return ["--dsn", dsn, "--schema", db.names.schema]
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """Exit code 2, one ``relay: ...`` line on stderr, no traceback, each needle in it."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    err = proc.stderr.strip()
-    assert "Traceback" not in proc.stderr
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("relay: "), err
-    for needle in needles:
-        assert needle in err, err
-    return err

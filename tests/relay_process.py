@@ -52,6 +52,20 @@ def relay_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str, code: int = 2) -> str:
+    """Exit ``code``, exactly one ``relay: ...`` line on stderr (short enough to read), no
+    traceback, each needle in it; returns the line."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("relay: "), lines[0]
+    assert len(lines[0]) < 400, lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
 def run_relay(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([RELAY, *args], capture_output=True, text=True, timeout=timeout, env=env or relay_env())
 

@@ -19,7 +19,7 @@ import pytest
 from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.ops_helpers import claim_until, kill, target
-from tests.relay_process import RELAY, relay_env, run_relay
+from tests.relay_process import RELAY, assert_one_line_error, relay_env, run_relay
 
 # Nothing below needs a database to be refused; this one is never reached.
 NO_DB = "postgresql://nobody@127.0.0.1:1/never"
@@ -27,19 +27,6 @@ NO_DB = "postgresql://nobody@127.0.0.1:1/never"
 ARABIC_ONE = "\u0661"  # int() reads it as 1
 SUPERSCRIPT_TWO = "\u00b2"  # isdigit() says yes, int() raises ValueError
 FULLWIDTH_ONE = "\uff11"
-
-
-def assert_one_line(proc: subprocess.CompletedProcess[str], *needles: str, code: int = 2) -> str:
-    """Exit ``code``, exactly one ``relay: ...`` line on stderr, no traceback, each needle in it."""
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr[-2000:]
-    assert lines[0].startswith("relay: "), lines[0]
-    assert len(lines[0]) < 400, lines[0]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def run_capped(*args: str, timeout: float = 30, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -94,7 +81,7 @@ START = ["start", "--broker", "log", "--dsn", NO_DB]
     ids=lambda v: " ".join(v)[:40] if isinstance(v, list) else None,
 )
 def test_start_refuses_bad_flags(flags: list[str], needle: str) -> None:
-    assert_one_line(run_relay(*START, *flags, timeout=20), needle)
+    assert_one_line_error(run_relay(*START, *flags, timeout=20), needle)
 
 
 @pytest.mark.parametrize(
@@ -108,7 +95,7 @@ def test_start_refuses_bad_flags(flags: list[str], needle: str) -> None:
     ],
 )
 def test_start_refuses_bad_variables(variables: dict[str, str], needle: str) -> None:
-    assert_one_line(run_relay(*START, env=relay_env(**variables)), needle)
+    assert_one_line_error(run_relay(*START, env=relay_env(**variables)), needle)
 
 
 @pytest.mark.parametrize(
@@ -138,7 +125,7 @@ def test_start_refuses_bad_config_values(toml: str, needle: str, tmp_path: Path)
     config.write_text(toml + "\n")
     # The 1,000,000-character table name used to spin for ten minutes.
     started = time.monotonic()
-    assert_one_line(run_relay(*START, "--config", str(config), timeout=30), needle)
+    assert_one_line_error(run_relay(*START, "--config", str(config), timeout=30), needle)
     assert time.monotonic() - started < 15
 
 
@@ -147,9 +134,9 @@ def test_config_that_is_not_a_file_of_text(tmp_path: Path) -> None:
     big.write_bytes(b" " * (1024 * 1024 + 1))  # valid TOML (blank), but no config is that big
     binary = tmp_path / "binary.toml"
     binary.write_bytes(b'table = "\xff\xfe"\n')
-    assert_one_line(run_capped(*START, "--config", "/dev/zero"), "config file /dev/zero is larger than 1024 KiB")
-    assert_one_line(run_capped(*START, "--config", str(big)), "is larger than 1024 KiB")
-    assert_one_line(run_capped(*START, "--config", str(binary)), "not UTF-8 text")
+    assert_one_line_error(run_capped(*START, "--config", "/dev/zero"), "config file /dev/zero is larger than 1024 KiB")
+    assert_one_line_error(run_capped(*START, "--config", str(big)), "is larger than 1024 KiB")
+    assert_one_line_error(run_capped(*START, "--config", str(binary)), "not UTF-8 text")
 
 
 # ---- operator commands
@@ -182,7 +169,7 @@ def test_config_that_is_not_a_file_of_text(tmp_path: Path) -> None:
 )
 def test_operator_commands_refuse_bad_arguments(args: list[str], needle: str) -> None:
     # Refused before any connection: the database named here does not exist.
-    assert_one_line(run_relay(*args, "--dsn", NO_DB, timeout=20), needle)
+    assert_one_line_error(run_relay(*args, "--dsn", NO_DB, timeout=20), needle)
 
 
 async def test_ids_in_other_scripts_touch_nothing(store: OutboxStore, db: Db, pg_dsn: str) -> None:
@@ -201,16 +188,16 @@ async def test_ids_in_other_scripts_touch_nothing(store: OutboxStore, db: Db, pg
         ["dead", "skip", "--reason", "x", ARABIC_ONE],
         ["dead", "retry", "1", ARABIC_ONE],  # one good id does not let the bad one through
     ):
-        assert_one_line(run_relay(*args, *t), "invalid id")
+        assert_one_line_error(run_relay(*args, *t), "invalid id")
     assert db.row(first) == before
 
 
 def test_explain_refuses_text_the_database_cannot_take(db: Db, pg_dsn: str) -> None:
     # Bytes that are not UTF-8 in argv arrive as lone surrogates.
     bad = "order-\udcff"
-    assert_one_line(run_relay("explain", *target(pg_dsn, db), bad), "invalid AGGREGATE_ID: not UTF-8 text")
-    assert_one_line(run_relay("dead", "list", *target(pg_dsn, db), "--aggregate", bad), "invalid --aggregate")
-    assert_one_line(run_relay("explain", *target(pg_dsn, db), "x" * 10_000), "(10,000 characters) not found")
+    assert_one_line_error(run_relay("explain", *target(pg_dsn, db), bad), "invalid AGGREGATE_ID: not UTF-8 text")
+    assert_one_line_error(run_relay("dead", "list", *target(pg_dsn, db), "--aggregate", bad), "invalid --aggregate")
+    assert_one_line_error(run_relay("explain", *target(pg_dsn, db), "x" * 10_000), "(10,000 characters) not found")
 
 
 # ---- the metrics endpoint
@@ -227,11 +214,11 @@ def taken_port() -> Iterator[int]:
 def test_metrics_port_in_use_or_host_unknown(db: Db, pg_dsn: str, taken_port: int) -> None:
     """The bind fails inside asyncio.run; its ConfigError still becomes the one line."""
     common = ["start", "--broker", "log", *target(pg_dsn, db), "--log-level", "error"]
-    assert_one_line(
+    assert_one_line_error(
         run_relay(*common, "--metrics-port", str(taken_port), "--metrics-host", "127.0.0.1"),
         f"cannot serve metrics on '127.0.0.1' port {taken_port}",
     )
-    assert_one_line(
+    assert_one_line_error(
         run_relay(*common, "--metrics-port", "0", "--metrics-host", "no-such-host.invalid"),
         "cannot serve metrics on 'no-such-host.invalid' port 0",
     )
@@ -268,7 +255,9 @@ BUG = "RuntimeError('boom at postgresql://relay:Secret55@db/app' + chr(10) + 'se
 
 def test_unexpected_errors_are_one_line_with_a_hint() -> None:
     proc = run_failing(BUG, "status", "--dsn", NO_DB)
-    line = assert_one_line(proc, "unexpected error: RuntimeError: boom at", "rerun with --log-level debug", code=1)
+    line = assert_one_line_error(
+        proc, "unexpected error: RuntimeError: boom at", "rerun with --log-level debug", code=1
+    )
     assert "Secret55" not in proc.stderr and "second line" not in line
 
 

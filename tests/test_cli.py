@@ -14,7 +14,7 @@ from psycopg import sql
 
 from relay.sqlfiles import migrations
 from tests.conftest import Db
-from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
+from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
 
 
 @pytest.fixture
@@ -23,17 +23,6 @@ def fresh_schema(pg_dsn: str) -> Iterator[str]:
     yield schema
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-
-
-def assert_one_line_error(proc, *needles: str) -> str:  # type: ignore[no-untyped-def]
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    err = proc.stderr.strip()
-    assert "Traceback" not in proc.stderr
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("relay: ")
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 def test_migrate_is_idempotent_and_records_what_it_applied(pg_dsn: str, fresh_schema: str) -> None:

@@ -8,7 +8,7 @@ import asyncio
 import re
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -18,9 +18,9 @@ from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.conftest import Db
-from tests.ops_helpers import assert_one_line_error, claim_until, kill, run_parallel, target
+from tests.ops_helpers import claim_until, kill, run_parallel, target
 from tests.rabbitmq_broker import Rabbit, relay_args
-from tests.relay_process import RelayProcess, relay_env, run_relay
+from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 
@@ -167,14 +167,6 @@ def test_explain_of_a_huge_aggregate_id_and_a_huge_table_name_answer_at_once(
     assert len(explain.stderr) < 1000 and len(table.stderr) < 1000
 
 
-@pytest.fixture
-def relay(tmp_path: Path) -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for r in started:
-        r.close()
-
-
 async def _until(db: Db, process: RelayProcess, statuses: dict[str, int], timeout: float) -> float:
     """Seconds until the outbox holds exactly ``statuses``."""
     started = time.monotonic()
@@ -190,7 +182,7 @@ STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|
 
 
 async def test_a_huge_event_type_and_a_forged_aggregate_id_neither_delay_nor_forge_anything(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relay: list[RelayProcess], tmp_path: Path
+    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path
 ) -> None:
     """The issue's running case: one row with a 70,000-character event type among 300 normal
     rows went dead correctly, but logging it froze the relay for 29 s. Here the 300 arrive
@@ -201,7 +193,7 @@ async def test_a_huge_event_type_and_a_forged_aggregate_id_neither_delay_nor_for
     # written first): whatever logging it costs, every batch behind it waits for.
     args = relay_args(pg_dsn, names, rabbit.amqp.url, "--exchange", exchange, "--workers", "2", "--batch-size", "20")
     process = RelayProcess("start", *args)
-    relay.append(process)
+    relays.append(process)
     await process.wait_for_log("relay started")
 
     def normal(run: str) -> list[tuple[str, str, dict[str, int]]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import psycopg
 import pytest
@@ -14,18 +13,7 @@ from psycopg import conninfo, sql
 
 from relay.sqlnames import OutboxNames
 from tests.helpers import create_outbox_at
-from tests.relay_process import run_relay
-
-
-def assert_one_line_error(proc: Any, *needles: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    err = proc.stderr.strip()
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("relay: "), err
-    for needle in needles:
-        assert needle in err, err
-    return err
+from tests.relay_process import assert_one_line_error, run_relay
 
 
 def exists(pg_dsn: str, qualified: str) -> bool:

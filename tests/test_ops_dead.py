@@ -19,7 +19,6 @@ from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.helpers import make_worker
 from tests.ops_helpers import (
-    assert_one_line_error,
     claim_until,
     kill,
     relay_json,
@@ -27,7 +26,7 @@ from tests.ops_helpers import (
     run_until,
     target,
 )
-from tests.relay_process import run_relay
+from tests.relay_process import assert_one_line_error, run_relay
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 

@@ -13,7 +13,8 @@ from psycopg import sql
 from relay.errors import ConfigError
 from relay.ops.prune import prune
 from tests.conftest import Db
-from tests.ops_helpers import assert_one_line_error, run_parallel, target
+from tests.ops_helpers import run_parallel, target
+from tests.relay_process import assert_one_line_error
 
 
 def arrange(db: Db) -> list[int]:

@@ -28,8 +28,8 @@ from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.helpers import record_listeners
-from tests.ops_helpers import Scene, assert_one_line_error, build_scene, claim_until, ingest, relay_json, target
-from tests.relay_process import RELAY, relay_env, run_relay
+from tests.ops_helpers import Scene, build_scene, claim_until, ingest, relay_json, target
+from tests.relay_process import RELAY, assert_one_line_error, relay_env, run_relay
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 EMAIL_UNORDERED = OrderingMap(default_ordered=True, unordered=("Email*",))

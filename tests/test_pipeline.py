@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -60,14 +59,6 @@ def relay_args(names: OutboxNames, exchange: str, url: str) -> list[str]:
         "--lease", "5s", "--publish-timeout", "4s", "--poll-interval", "200ms",
         "--ordering-default", "unordered", "--ordered", ORDERED,
     ]  # fmt: skip
-
-
-@pytest.fixture
-def relays() -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for r in started:
-        r.close()
 
 
 def produce(pg_dsn: str, names: OutboxNames, kind: str, seed: int) -> tuple[CommitLog, threading.Thread]:

@@ -8,7 +8,6 @@ import json
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,15 +26,6 @@ from tests.rabbitmq_broker import AmqpService, Rabbit, relay_args, unique
 from tests.relay_process import RelayProcess, run_relay, wait_until_async
 
 
-@pytest.fixture
-def relay(tmp_path: Path) -> Iterator[list[RelayProcess]]:
-    """Start relays with ``relay.append(RelayProcess(...))``; any left running are killed."""
-    started: list[RelayProcess] = []
-    yield started
-    for r in started:
-        r.close()
-
-
 async def wait_until_done(db: Db, process: RelayProcess, total: int, timeout: float) -> float:
     """Seconds until all ``total`` rows are done; fails at once on a dead row or a relay that exited."""
     started = time.monotonic()
@@ -51,7 +41,7 @@ async def wait_until_done(db: Db, process: RelayProcess, total: int, timeout: fl
 
 
 async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_in_commit_order(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relay: list[RelayProcess], tmp_path: Path
+    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path
 ) -> None:
     exchange = await rabbit.exchange("topic")
     queue = await rabbit.queue(bind=(exchange, "order.#"))
@@ -81,7 +71,7 @@ async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_
         "--workers",
         "3",
     )
-    relay.append(process)
+    relays.append(process)
     await process.wait_for_log("relay started")
     bulk = asyncio.to_thread(db.insert, rows)
     locking = asyncio.to_thread(
@@ -128,7 +118,7 @@ async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_
 
 
 async def test_a_missing_exchange_never_stops_relay_start_and_delivery_begins_once_it_exists(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relay: list[RelayProcess], tmp_path: Path
+    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path
 ) -> None:
     name = unique("ex")  # created by "the deployment" only after the relay started
     ids = await asyncio.to_thread(db.insert, [(f"order-{i}", "OrderPlaced", {"i": i}) for i in range(20)])
@@ -142,7 +132,7 @@ async def test_a_missing_exchange_never_stops_relay_start_and_delivery_begins_on
         "--workers",
         "2",
     )
-    relay.append(process)
+    relays.append(process)
     await asyncio.sleep(3)
     assert process.running(), process.stderr()
     statuses = await asyncio.to_thread(db.statuses)

@@ -20,7 +20,7 @@ from relay.ops.release import parse_ids
 from relay.ordering import OrderingMap
 from relay.store import OutboxStore
 from tests.conftest import Db
-from tests.ops_helpers import PATIENCE_S, assert_one_line_error, relay_json, run_parallel, target
+from tests.ops_helpers import PATIENCE_S, relay_json, run_parallel, target
 from tests.producers import (
     Arrival,
     CommitLog,
@@ -29,7 +29,7 @@ from tests.producers import (
     order_violations,
     produce_unlocked,
 )
-from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until_async
+from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until_async
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 LONG_LEASE = timedelta(hours=1)  # the crashed host's: nothing would move for an hour

@@ -31,8 +31,8 @@ from relay.shared_settings import (
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.helpers import record_listeners, settings_for
-from tests.ops_helpers import assert_one_line_error, relay_json, target
-from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until, wait_until_async
+from tests.ops_helpers import relay_json, target
+from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until, wait_until_async
 
 
 def stored(db: Db) -> tuple[bool, list[str], list[str], list[str], list[str], bool]:
