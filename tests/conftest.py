@@ -23,6 +23,7 @@ from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
+from tests.helpers import create_outbox_at
 from tests.relay_process import RelayProcess
 from tests.services import SKIP_PG, postgres_dsn, require_services
 
@@ -48,6 +49,26 @@ async def names(pg_dsn: str) -> AsyncIterator[OutboxNames]:
     yield names
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
+
+
+@pytest.fixture
+def outbox_at(pg_dsn: str) -> Iterator[Callable[[int], OutboxNames]]:
+    """``outbox_at(version)``: an outbox in a schema of its own with the shipped migrations
+    applied up to ``version`` only, as an earlier release left it (for upgrade tests);
+    every one made is dropped after the test."""
+    made: list[OutboxNames] = []
+
+    def make(version: int) -> OutboxNames:
+        names = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="outbox")
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            create_outbox_at(conn, names, version)
+        made.append(names)
+        return names
+
+    yield make
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for names in made:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,7 +39,7 @@ from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.textsafe import clip, escape
 from tests.conftest import Db
-from tests.helpers import create_outbox_at, make_worker
+from tests.helpers import make_worker
 from tests.ops_helpers import run_until
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
@@ -426,14 +426,9 @@ async def test_an_ordered_aggregate_id_over_the_limit_is_refused_at_insert_namin
 
 
 @pytest.fixture
-async def names_at_0004(pg_dsn: str) -> AsyncIterator[OutboxNames]:
+def names_at_0004(outbox_at: Callable[[int], OutboxNames]) -> OutboxNames:
     """An outbox at migration 0004, as the release before the aggregate id limit left it."""
-    names = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="outbox")
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        create_outbox_at(conn, names, 4)
-    yield names
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
+    return outbox_at(4)
 
 
 async def test_rows_longer_than_the_limit_written_before_0005_are_still_delivered(

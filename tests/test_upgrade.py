@@ -3,8 +3,7 @@ with rows in every status; and relays older than migration 0004 refused afterwar
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -19,21 +18,15 @@ from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
-from tests.helpers import create_outbox_at
 from tests.relay_process import run_relay
 
 LEASE = timedelta(seconds=30)
 
 
 @pytest.fixture
-async def old_names(pg_dsn: str) -> AsyncIterator[OutboxNames]:
+def old_names(outbox_at: Callable[[int], OutboxNames]) -> OutboxNames:
     """An outbox at migration 0003, as the release before aggregate_seq left it."""
-    names = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="outbox")
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        create_outbox_at(conn, names, 3)
-    yield names
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
+    return outbox_at(3)
 
 
 def _table(names: OutboxNames, suffix: str = "") -> sql.Identifier:

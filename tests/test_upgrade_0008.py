@@ -3,8 +3,7 @@ answer carried over from the relays' rows."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import psycopg
 import pytest
@@ -12,18 +11,12 @@ from psycopg import sql
 
 from relay.migrate import migrate
 from relay.sqlnames import OutboxNames
-from tests.helpers import create_outbox_at
 
 
 @pytest.fixture
-def old_names(pg_dsn: str) -> Iterator[OutboxNames]:
+def old_names(outbox_at: Callable[[int], OutboxNames]) -> OutboxNames:
     """An outbox at migration 0007, as the release before 0008 left it."""
-    names = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="outbox")
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        create_outbox_at(conn, names, 7)
-    yield names
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
+    return outbox_at(7)
 
 
 @pytest.fixture

@@ -3,8 +3,7 @@ rows), in place, with an aggregate mid-way: its head moves on as before."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -17,20 +16,14 @@ from relay.message import Decision
 from relay.migrate import migrate
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
-from tests.helpers import create_outbox_at
 
 LEASE = timedelta(seconds=30)
 
 
 @pytest.fixture
-async def old_names(pg_dsn: str) -> AsyncIterator[OutboxNames]:
+def old_names(outbox_at: Callable[[int], OutboxNames]) -> OutboxNames:
     """An outbox at migration 0008, as the release before 0009 left it."""
-    names = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="outbox")
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        create_outbox_at(conn, names, 8)
-    yield names
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
+    return outbox_at(8)
 
 
 async def test_heads_move_on_in_order_across_the_upgrade(
