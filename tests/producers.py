@@ -234,7 +234,14 @@ def produce_unlocked(
                     conns[i].rollback()
                     log.abort()
                     continue
-                conns[i].commit()
+                try:
+                    conns[i].commit()
+                except psycopg.errors.SerializationFailure:
+                    # Run at SERIALIZABLE, PostgreSQL may abort a commit for a conflict it
+                    # cannot rule out (its predicate locks are coarse): an application
+                    # retries such a transaction; here it is one that never happened.
+                    log.abort()
+                    continue
                 position += 1
                 log.record(position, rows[i])
                 if on_commit is not None:
