@@ -7,10 +7,10 @@ core reaches a concrete adapter only through :mod:`adapters.registry`, which the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from relay.message import OutboxMessage
 
@@ -53,6 +53,15 @@ class Publisher(Protocol):
 # The brokers `--broker` accepts. Each is the adapter module of that name under adapters/
 # (adapters.registry imports it when it is chosen); adding a broker adds its name here.
 BROKERS = ("sqs", "rabbitmq", "log")
+
+
+@runtime_checkable
+class WatchesDestinations(Protocol):
+    """An optional ability (detected when needed): a publisher over several destinations
+    that reports each one's health, ``on_change(destination, is_open)``, for the metrics."""
+
+    def watch_destinations(self, on_change: Callable[[str, bool], None]) -> None: ...
+
 
 # The core's default for --publish-timeout, for adapters' own defaults derived from it.
 DEFAULT_PUBLISH_TIMEOUT = timedelta(seconds=20)

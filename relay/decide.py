@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from relay.backoff import Backoff
 from relay.dsn import mask
-from relay.errors import BrokerUnavailable, Defer, PermanentError, RetryableError
+from relay.errors import BrokerUnavailable, Defer, DestinationUnavailable, PermanentError, RetryableError
 from relay.message import Decision, OutboxMessage
 
 # last_error is for people reading `relay dead list`; a stack of nested SDK reprs can be
@@ -32,6 +32,9 @@ class Policy:
     def decide(self, message: OutboxMessage, outcome: BaseException | None, *, broker_failures: int = 1) -> Decision:
         if outcome is None:
             return Decision.published(message)
+        if isinstance(outcome, DestinationUnavailable):
+            # Its destination's own probe schedule, not the process's outage count.
+            return Decision.broker_unavailable(message, outcome.retry_after.total_seconds(), describe(outcome))
         if isinstance(outcome, BrokerUnavailable):
             return Decision.broker_unavailable(
                 message, self.outage_backoff.delay(broker_failures).total_seconds(), describe(outcome)

@@ -48,6 +48,21 @@ class BrokerUnavailable(Exception):
     """
 
 
+class DestinationUnavailable(BrokerUnavailable):
+    """One destination of several refuses its messages (or a message has no destination at
+    all): those messages wait, attempt refunded, never 'dead', while the process keeps
+    claiming for the others. Raised by relay.routing, never by an adapter.
+
+    :param destination: which one, for people and the metrics.
+    :param retry_after: when its messages are worth claiming again (its next probe).
+    """
+
+    def __init__(self, message: str, *, destination: str, retry_after: timedelta) -> None:
+        super().__init__(message)
+        self.destination = destination
+        self.retry_after = retry_after
+
+
 class ConfigError(Exception):
     """Invalid configuration or input, reported as one line with exit code 2."""
 

@@ -44,6 +44,8 @@ FAILURE_CLASSES: Final = (
 # a fresh event type per message.
 MAX_EVENT_TYPES = 200
 OTHER = "other"
+# The destination label of the process's own circuit breaker.
+ALL_DESTINATIONS = "all"
 
 # Claims are one short statement: milliseconds normally, seconds when the database struggles.
 CLAIM_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -114,7 +116,11 @@ class RelayMetrics:
             registry=r,
         )
         self.circuit_open = Gauge(
-            "outbox_relay_circuit_open", "1 while the broker circuit breaker is open, else 0.", registry=r
+            "outbox_relay_circuit_open",
+            '1 while a circuit breaker is open, else 0: destination="all" is the process\'s (the broker'
+            " refuses everything), a route's destination its own (relay.routing).",
+            ["destination"],
+            registry=r,
         )
         self.gauges_refreshed = Gauge(
             "outbox_relay_gauges_refreshed_timestamp_seconds",
@@ -124,7 +130,7 @@ class RelayMetrics:
         # Export zeros from the start, so rate() and increase() see the first event.
         for status in QUEUE_STATUSES:
             self.queue_depth.labels(status=status)
-        self.circuit_open.set(0)
+        self.circuit_open.labels(destination=ALL_DESTINATIONS).set(0)
 
     def event_type_label(self, event_type: str) -> str:
         """``event_type`` itself, or ``other`` once ``max_event_types`` distinct ones were seen."""
@@ -173,9 +179,14 @@ class RelayMetrics:
         """Record how long one batch's publish took."""
         self.publish_seconds.observe(seconds)
 
-    def set_circuit_open(self, is_open: bool) -> None:
-        """Export the broker circuit breaker's state (1 open, 0 closed)."""
-        self.circuit_open.set(1 if is_open else 0)
+    def set_circuit_open(self, is_open: bool, destination: str = ALL_DESTINATIONS) -> None:
+        """Export a circuit breaker's state (1 open, 0 closed): the process's by default,
+        else one destination's."""
+        self.circuit_open.labels(destination=destination).set(1 if is_open else 0)
+
+    def set_destination_open(self, destination: str, is_open: bool) -> None:
+        """:class:`relay.routing.DestinationHealth`'s callback."""
+        self.set_circuit_open(is_open, destination)
 
     def set_status(self, summary: StatusSummary) -> None:
         """Set the outbox gauges from a status summary."""

@@ -123,6 +123,14 @@ class OrderingMap:
         return f"default={default} ordered={list(self.ordered)} unordered={list(self.unordered)}"
 
 
+def glob_matches(entry: str, event_type: str) -> bool:
+    """Whether ``event_type`` is the name ``entry`` or matches it as a glob, as the
+    ordering rules read an entry (routes read theirs the same way)."""
+    if not _is_glob(entry):
+        return entry == event_type
+    return re.fullmatch(_to_regex(entry), event_type, re.DOTALL) is not None
+
+
 def _entries(value: Any, name: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [v for v in (s.strip() for s in value.split(",")) if v]

@@ -17,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from relay.breaker import CircuitBreaker
 from relay.config import RelaySettings
-from relay.contract import Publisher
+from relay.contract import Publisher, WatchesDestinations
 from relay.db import check_schema, connect, open_pool
 from relay.dbtext import SQL_ASCII, server_encoding
 from relay.errors import DatabaseUnavailable, first_line
@@ -150,6 +150,8 @@ async def _run(
 
         metrics = RelayMetrics()
     breaker = CircuitBreaker(on_change=metrics.set_circuit_open if metrics else None)  # one per process
+    if metrics is not None and isinstance(publisher, WatchesDestinations):
+        publisher.watch_destinations(metrics.set_destination_open)  # routes: one breaker each
     oversize = OversizeTurn()  # one message over --batch-bytes in flight per process
     prefix = owner_prefix()
     owners = [f"{prefix}:{i}" for i in range(settings.workers)]

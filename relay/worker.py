@@ -21,7 +21,7 @@ from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
 from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher
 from relay.decide import TIMEOUT_PREFIX, Policy, describe, failure_class, is_classified
-from relay.errors import BrokerUnavailable, RetryableError, first_line
+from relay.errors import BrokerUnavailable, DestinationUnavailable, RetryableError, first_line
 from relay.message import Decision, Kind, OutboxMessage, log_fields
 from relay.oversize import OversizeTurn
 from relay.sleep import sleep_unless_stopped
@@ -421,7 +421,11 @@ class Worker:
                 self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
             return [Decision.released(m, LEASE_RAN_OUT) for m in messages]
         outcomes = await self._publish(messages, timeout)
-        unavailable = [o for o in outcomes if isinstance(o, BrokerUnavailable)]
+        # One paused destination of several (relay.routing) does not stop the claims:
+        # only the broker refusing everything does.
+        unavailable = [
+            o for o in outcomes if isinstance(o, BrokerUnavailable) and not isinstance(o, DestinationUnavailable)
+        ]
         refused_all = len(unavailable) == len(outcomes)
         if refused_all or batch.probe or self.breaker.is_open:
             self.breaker.record(

@@ -99,7 +99,7 @@ def test_counters_by_event_type_and_outcome() -> None:
     assert value("outbox_relay_reaped_total") == 1
     assert value("outbox_relay_claim_seconds_count") == 1
     assert value("outbox_relay_publish_seconds_bucket", le="0.25") == 1
-    assert value("outbox_relay_circuit_open") == 1
+    assert value("outbox_relay_circuit_open", destination="all") == 1
     with pytest.raises(ValueError, match="unknown outcome"):
         m.messages("OrderPaid", "exploded")
     with pytest.raises(ValueError, match="unknown failure class"):

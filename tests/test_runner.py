@@ -101,7 +101,7 @@ async def test_start_serves_metrics_and_health_and_prunes_on_schedule(pg_dsn: st
             await asyncio.sleep(0.1)
         assert published in body
         assert "outbox_relay_claim_seconds_bucket" in body
-        assert "outbox_relay_circuit_open 0.0" in body
+        assert 'outbox_relay_circuit_open{destination="all"} 0.0' in body
         assert (await _get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
         assert (await _get(f"http://127.0.0.1:{port}/readyz"))[0] == 200
         # The scheduled prune (older than 0 s, every 0.3 s) removes the finished rows.

@@ -13,10 +13,13 @@ from adapters.registry import create_publisher
 from relay import logs
 from relay.cli.common import BROKER_OPTIONS, settings_for, with_options
 from relay.config import CORE_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS, RelaySettings
+from relay.contract import Publisher
 from relay.options import load_file
+from relay.routes import DEFAULT_DESTINATION, ROUTES_OPTION, Router, parse_routes
+from relay.routing import RoutedPublisher
 from relay.shared_settings import given_settings
 
-START_ALL = (*CORE_OPTIONS, *START_OPTIONS, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
+START_ALL = (*CORE_OPTIONS, *START_OPTIONS, ROUTES_OPTION, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
 
 
 @click.command("start")
@@ -32,7 +35,7 @@ def start_cmd(**cli_values: Any) -> None:
     # The shared settings this process was told explicitly: compared with the stored ones
     # at start, never written (`relay settings set` changes those).
     given = given_settings(values, cli_values, load_file(config_path), os.environ)
-    publisher = create_publisher(settings.broker, values, settings.publish_limits)
+    publisher = publisher_for(settings, values)
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -51,3 +54,22 @@ def start_cmd(**cli_values: Any) -> None:
         await run_relay(settings, publisher, stop, operate=Operations.from_values(values), given=given)
 
     asyncio.run(run())
+
+
+def publisher_for(settings: RelaySettings, values: dict[str, Any]) -> Publisher:
+    """The broker's publisher; with routes, one per route (the same settings with the
+    route's destination put in) and one for the default destination if it is set, under a
+    :class:`relay.routing.RoutedPublisher`."""
+    routes = parse_routes(values.get("route") or (), settings.broker)
+    limits = settings.publish_limits
+    if not routes:
+        return create_publisher(settings.broker, values, limits)
+    default_key = DEFAULT_DESTINATION[settings.broker]
+    default = None
+    if values.get(default_key) is not None:
+        default = create_publisher(settings.broker, values, limits)
+    publishers = [create_publisher(r.broker, {**values, **r.settings}, limits) for r in routes]
+    default_name = str(values.get(default_key)) if default is not None else "default"
+    return RoutedPublisher(
+        Router(routes, has_default=default is not None), publishers, default, default_name=default_name
+    )
