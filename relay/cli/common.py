@@ -23,10 +23,11 @@ from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
 from relay.ops.queries import Conn
 from relay.options import Option, check_file_keys, load_file, resolve
+from relay.routes import ROUTES_OPTION
 from relay.sqlnames import OutboxNames
 
 BROKER_OPTIONS = broker_options()
-ALL_OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
+ALL_OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, ROUTES_OPTION, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
 # The operator commands take --dsn, --schema, --table, --config, --log-level and
 # --log-format the way `relay migrate` does.
 OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)

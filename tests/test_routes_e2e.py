@@ -1,0 +1,128 @@
+"""``relay start --broker sqs`` with routes, as a real subprocess against PostgreSQL and
+moto over HTTP: each message at its destination only, in commit order per aggregate, and
+a destination created late pausing only itself."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Db
+from tests.producers import Arrival, CommitLog, LockedProducers, create_producer_tables, order_violations
+from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
+from tests.sqs_server import create_queue, queue_url, receive_all, unique_queue_name
+
+
+def test_routes_send_each_event_type_to_its_queue_and_a_late_queue_pauses_only_itself(
+    pg_dsn: str, db: Db, moto_endpoint: str, sqs_client: Any, tmp_path: Path, relays: list[RelayProcess]
+) -> None:
+    orders = create_queue(sqs_client, unique_queue_name(fifo=True))
+    invoices = create_queue(sqs_client, unique_queue_name(fifo=True))
+    late_name = unique_queue_name(fifo=True)
+    late = queue_url(moto_endpoint, late_name)  # created 20 s after the relay starts
+    # A fresh outbox orders every event type per aggregate (the stored map's default),
+    # whatever its destination.
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'[[routes]]\nmatch = ["Order*"]\nqueue_url = "{orders}"\n\n'
+        f'[[routes]]\nmatch = ["Invoice*"]\nqueue_url = "{invoices}"\n\n'
+        f'[[routes]]\nmatch = ["Shipment*"]\nqueue_url = "{late}"\n'
+    )
+    # Producers that lock their aggregate (the design reference's pattern) write Order*
+    # events to the first queue and Invoice* events to the second.
+    aggregates = [f"acct-{i}" for i in range(6)]
+    create_producer_tables(pg_dsn, db.names, aggregates)
+    order_log, invoice_log = CommitLog(), CommitLog()
+    order_producers = LockedProducers(pg_dsn, db.names, aggregates, order_log, threads=2, seed=3)
+    invoice_producers = LockedProducers(
+        pg_dsn, db.names, [f"inv-{i}" for i in range(4)], invoice_log, threads=2, seed=4, event_type="InvoiceIssued"
+    )
+    create_producer_tables(pg_dsn, db.names, invoice_producers.aggregates)
+    # One aggregate whose events span destinations: its shipment waits for the late queue,
+    # and the order event behind it waits with it.
+    [placed, booked, closed] = db.insert(
+        [("mixed-1", "OrderPlaced", {}), ("mixed-1", "ShipmentBooked", {}), ("mixed-1", "OrderClosed", {})]
+    )
+    env = relay_env(RELAY_ENDPOINT_URL=moto_endpoint, RELAY_REGION="us-east-1")
+    relay = RelayProcess(
+        "start", "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "sqs",
+        "--workers", "2", "--poll-interval", "100ms", env=env,
+    )  # fmt: skip
+    relays.append(relay)
+    started = time.monotonic()
+    order_producers.run(15)
+    invoice_producers.run(10)
+    produced = order_log.ids() | invoice_log.ids()
+    assert wait_until(lambda: all(r["status"] == "done" for r in db.rows() if r["id"] in produced), timeout=30), (
+        db.statuses(),
+        relay.stderr()[-3000:],
+    )
+
+    # Before the late queue exists: its destination alone is paused; nothing is dead and
+    # no attempt is spent on it; the order event behind the waiting shipment waits too.
+    time.sleep(max(0.0, started + 20 - time.monotonic()))
+    assert relay.running(), relay.stderr()
+    rows = {r["id"]: r for r in db.rows()}
+    assert rows[placed]["status"] == "done"
+    assert (rows[booked]["status"], rows[booked]["attempts"]) == ("pending", 0)
+    assert rows[closed]["status"] == "pending"
+    assert "dead" not in db.statuses()
+    paused = [line for line in relay.stderr().splitlines() if "unavailable, its messages wait" in line]
+    assert len(paused) == 1 and late_name in paused[0], relay.stderr()[-3000:]
+
+    sqs_client.create_queue(QueueName=late_name, Attributes={"FifoQueue": "true"})
+    created = time.monotonic()
+    assert wait_until(lambda: set(db.statuses()) == {"done"}, timeout=15), db.statuses()
+    assert time.monotonic() - created < 8
+    relay.stop()
+    relay.assert_clean_exit()
+
+    # Each message at its destination only, every id once at least, in commit order.
+    by_queue = {url: receive_all(sqs_client, url) for url in (orders, invoices, late)}
+    types = {r["id"]: r["event_type"] for r in db.rows()}
+    assert {types[m.outbox_id][:5] for m in by_queue[orders]} == {"Order"}
+    assert {types[m.outbox_id][:7] for m in by_queue[invoices]} == {"Invoice"}
+    assert [m.outbox_id for m in by_queue[late]] == [booked]
+    assert {m.outbox_id for q in by_queue.values() for m in q} == set(types)
+    for log, url in ((order_log, orders), (invoice_log, invoices)):
+        first = [Arrival(m.outbox_id, m.attributes["aggregate_id"]) for m in by_queue[url]]
+        assert order_violations(log.expected(), first) == []
+    assert [m.outbox_id for m in by_queue[orders] if m.attributes["aggregate_id"] == "mixed-1"] == [placed, closed]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--route", "Order*"], "invalid --route 'Order*': expected EVENT_TYPES=DESTINATION"),
+        (["--broker", "log", "--route", "A=x"], "--broker log has no destinations"),
+    ],
+)
+def test_bad_routes_on_the_command_line_exit_2_with_one_line(pg_dsn: str, args: list[str], needle: str) -> None:
+    base = ["start", "--dsn", pg_dsn, "--queue-url", "http://127.0.0.1:1/000000000000/q"]
+    broker = [] if "--broker" in args else ["--broker", "sqs"]
+    assert_one_line_error(run_relay(*base, *broker, *args, env=relay_env()), needle)
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        ('[[routes]]\nqueue_url = "http://h/1/q"\n', "route 1: match must list"),
+        ('[[routes]]\nmatch = ["A"]\n', "route 1: no destination"),
+        (
+            '[[routes]]\nmatch = ["A"]\nqueue_url = "http://h/1/q"\ntopic_arn = "arn:aws:sns:x:1:t"\n',
+            "two destinations",
+        ),
+        ('[[routes]]\nmatch = ["A"]\nexchange = "x"\n', "exchange is a destination of --broker rabbitmq"),
+        ('[[routes]]\nmatch = ["A"]\nqueue_url = "http://h/1/q"\nqueues = 1\n', "unknown key 'queues'"),
+    ],
+)
+def test_bad_routes_in_the_config_file_exit_2_with_one_line(
+    pg_dsn: str, tmp_path: Path, toml: str, needle: str
+) -> None:
+    config = tmp_path / "relay.toml"
+    config.write_text(toml)
+    proc = run_relay("start", "--config", str(config), "--dsn", pg_dsn, "--broker", "sqs", env=relay_env())
+    assert_one_line_error(proc, needle)
