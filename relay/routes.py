@@ -20,7 +20,7 @@ settings with the route's destination put in (see :class:`relay.routing.RoutedPu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,3 +182,28 @@ class Router:
             found = next((i for i, r in enumerate(self.routes) if r.takes(event_type)), None)
             self._chosen[event_type] = found if found is not None else (-1 if self.has_default else None)
         return self._chosen[event_type]
+
+
+def destination_namer(values: Mapping[str, Any]) -> Callable[[str], str] | None:
+    """For `relay status --by-event-type`: where each event type goes under the broker,
+    routes and default destination of ``values`` (resolved options); None when no broker
+    is set there (the status then has no destination column)."""
+    broker = values.get("broker")
+    if not broker:
+        return None
+    routes = parse_routes(values.get("route") or (), broker)
+    default_key = DEFAULT_DESTINATION.get(broker)
+    default = values.get(default_key) if default_key else None
+    if broker == "log":
+        default = "stdout"
+    router = Router(routes, has_default=default is not None)
+
+    def name(event_type: str) -> str:
+        chosen = router.route_of(event_type)
+        if chosen is None:
+            return "(no destination)"
+        if chosen == -1:
+            return str(default) if default else "'' (the default exchange)"
+        return routes[chosen].destination
+
+    return name

@@ -4,6 +4,7 @@ a destination created late pausing only itself."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -126,3 +127,27 @@ def test_bad_routes_in_the_config_file_exit_2_with_one_line(
     config.write_text(toml)
     proc = run_relay("start", "--config", str(config), "--dsn", pg_dsn, "--broker", "sqs", env=relay_env())
     assert_one_line_error(proc, needle)
+
+
+def test_status_by_event_type_shows_each_types_destination(pg_dsn: str, db: Db, tmp_path: Path) -> None:
+    orders, topic = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo", "arn:aws:sns:eu-west-1:1:invoices"
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'broker = "sqs"\n\n[[routes]]\nmatch = ["Order*"]\nqueue_url = "{orders}"\n\n'
+        f'[[routes]]\nmatch = ["Invoice*"]\ntopic_arn = "{topic}"\n'
+    )
+    db.insert([("a", "OrderPlaced", {}), ("b", "InvoiceIssued", {}), ("c", "EmailSent", {})])
+    args = ("status", "--by-event-type", "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema)
+    proc = run_relay(*args)
+    assert proc.returncode == 0, proc.stderr
+    lines = {
+        line.split()[0]: line for line in proc.stdout.splitlines() if line.strip().startswith(("Order", "Inv", "Em"))
+    }
+    assert lines["OrderPlaced"].endswith(orders) and lines["InvoiceIssued"].endswith(topic)
+    assert lines["EmailSent"].endswith("(no destination)")  # no --queue-url: nowhere to go
+    as_json = json.loads(run_relay(*args, "--json").stdout)
+    assert {t["event_type"]: t["destination"] for t in as_json["by_event_type"]} == {
+        "EmailSent": "(no destination)",
+        "InvoiceIssued": topic,
+        "OrderPlaced": orders,
+    }

@@ -22,6 +22,7 @@ import psycopg
 
 from relay import logs
 from relay.cli.common import (
+    BROKER_OPTIONS,
     OPS_OPTIONS,
     AsciiInt,
     check_text,
@@ -44,6 +45,8 @@ from relay.ops.queries import Conn
 from relay.ops.release import parse_ids, release
 from relay.ops.render import jsonable, render_explanation, render_prune, render_release, render_status, to_json
 from relay.ops.status import read_status
+from relay.options import load_file, resolve
+from relay.routes import ROUTES_OPTION, destination_namer
 from relay.sqlnames import OutboxNames
 
 # A release judges spent attempts as the relays' reaper does: by their --max-attempts
@@ -71,11 +74,12 @@ def status_cmd(as_json: bool, by_event_type: bool, watch: bool, interval: str, *
     """Is the relay keeping up? Counts, oldest waiting message, expired leases, attempts,
     blocked ordered aggregates (reads only unfinished rows; done is an estimate)."""
     period = parse_duration(interval, name="--interval", minimum=WATCH_MIN, maximum=WATCH_MAX)
+    destination_of = _destinations(cli_values.get("config_path")) if by_event_type else None
     dsn, names = ops_setup(cli_values)
     where = describe_dsn(dsn)
 
     async def frame(conn: Conn) -> str:
-        status = await read_status(conn, names, by_event_type=by_event_type)
+        status = await read_status(conn, names, by_event_type=by_event_type, destination_of=destination_of)
         return json.dumps(to_json(status)) if as_json else render_status(status, names, where)
 
     if not watch:
@@ -83,6 +87,14 @@ def status_cmd(as_json: bool, by_event_type: bool, watch: bool, interval: str, *
         return
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends: exit 0
         run(lambda: _watch(dsn, names, frame, period, as_json))
+
+
+def _destinations(config_path: str | None) -> Callable[[str], str] | None:
+    """Each event type's destination under the broker, routes and default destination that
+    `relay start` would read from the same config file and RELAY_* variables; None when
+    they name no broker."""
+    options = (*(o for o in START_OPTIONS if o.dest == "broker"), ROUTES_OPTION, *BROKER_OPTIONS)
+    return destination_namer(resolve(options, {}, load_file(config_path)))
 
 
 async def _watch(

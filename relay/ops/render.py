@@ -157,13 +157,17 @@ def event_type_table(rows: Sequence[EventTypeStatus]) -> str:
     # cut, so one 70,000-character type does not widen the whole table.
     shown = [printable(r.event_type) for r in rows]
     width = max(10, *(len(t) for t in shown))
-    head = f"  {'EVENT TYPE':<{width}}  {'PENDING':>9}  {'PROCESSING':>10}  {'EXPIRED':>7}  {'DEAD':>7}  OLDEST WAITING"
+    routed = any(r.destination is not None for r in rows)
+    ages = [age_text(r.oldest_waiting_age_s) for r in rows]
+    age_width = max(14, *(len(a) for a in ages))
+    head = f"  {'EVENT TYPE':<{width}}  {'PENDING':>9}  {'PROCESSING':>10}  {'EXPIRED':>7}  {'DEAD':>7}  "
+    head += f"{'OLDEST WAITING':<{age_width}}  DESTINATION" if routed else "OLDEST WAITING"
     body = [
         f"  {t:<{width}}  {r.pending:>9,}  {r.processing:>10,}  {r.expired_leases:>7,}  {r.dead:>7,}  "
-        f"{age_text(r.oldest_waiting_age_s)}"
-        for t, r in zip(shown, rows, strict=True)
+        + (f"{age:<{age_width}}  {printable(r.destination or '-')}" if routed else age)
+        for t, r, age in zip(shown, rows, ages, strict=True)
     ]
-    return "\n".join([head, *body])
+    return "\n".join([line.rstrip() for line in (head, *body)])
 
 
 # ---- relay explain

@@ -11,8 +11,8 @@ and totals, and :mod:`relay.ops.render` shows them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -64,6 +64,9 @@ class EventTypeStatus:
     expired_leases: int
     dead: int
     oldest_waiting_age_s: float | None
+    # Where this type is delivered under the routes of the config the command was given;
+    # None when it was given no broker.
+    destination: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,13 +109,22 @@ async def read_summary(conn: Conn, names: OutboxNames) -> StatusSummary:
     return summarize(await queries.status_summary(conn, names))
 
 
-async def read_status(conn: Conn, names: OutboxNames, *, by_event_type: bool = False) -> Status:
-    """The summary, the attempts histogram and, if asked, the breakdown by event type."""
+async def read_status(
+    conn: Conn,
+    names: OutboxNames,
+    *,
+    by_event_type: bool = False,
+    destination_of: Callable[[str], str] | None = None,
+) -> Status:
+    """The summary, the attempts histogram and, if asked, the breakdown by event type (with
+    each type's destination when ``destination_of`` says it)."""
     summary = await read_summary(conn, names)
     attempts = await queries.status_attempts(conn, names)
     breakdown: tuple[EventTypeStatus, ...] | None = None
     if by_event_type:
         breakdown = by_event_type_status(summary.at, await queries.status_by_event_type(conn, names))
+        if destination_of is not None:
+            breakdown = tuple(replace(t, destination=destination_of(t.event_type)) for t in breakdown)
     settings = await read_settings(conn, names)
     wakeups = await queries.status_wakeups(conn, names)
     return Status(summary=summary, attempts=attempts, by_event_type=breakdown, settings=settings, wakeups=wakeups)
