@@ -332,23 +332,30 @@ class SqsTarget(Target):
         return replace(message, body=_blob(2 * self.NARROWED_SIZE))
 
     async def read_delivered(self, expected: int) -> list[Delivered]:
-        got = []
-        deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
-        while True:
-            got += await asyncio.to_thread(receive_all, self._sqs, self.url)
-            if len(got) >= expected or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.1)
-        got += await asyncio.to_thread(receive_all, self._sqs, self.url, idle_s=0.2)
-        delivered = []
-        for r in got:
-            envelope: dict[str, str | int] = {}
-            for name, value in r.attributes.items():
-                data_type = r.data_types[name]
-                assert data_type in ("Number", "String"), f"attribute {name} has DataType {data_type}"
-                envelope[name] = int(value) if data_type == "Number" else value
-            delivered.append(Delivered(envelope, json.loads(r.body)))
-        return delivered
+        return await read_queue(self._sqs, self.url, expected)
+
+
+async def read_queue(sqs_client: Any, url: str, expected: int) -> list[Delivered]:
+    """What an SQS consumer of ``url`` got since the last read (read and deleted), the
+    attributes typed back by their DataType. Also for a queue subscribed to an SNS topic
+    with raw message delivery, where SNS's message attributes arrive as the queue's."""
+    got = []
+    deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
+    while True:
+        got += await asyncio.to_thread(receive_all, sqs_client, url)
+        if len(got) >= expected or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    got += await asyncio.to_thread(receive_all, sqs_client, url, idle_s=0.2)
+    delivered = []
+    for r in got:
+        envelope: dict[str, str | int] = {}
+        for name, value in r.attributes.items():
+            data_type = r.data_types[name]
+            assert data_type in ("Number", "String"), f"attribute {name} has DataType {data_type}"
+            envelope[name] = int(value) if data_type == "Number" else value
+        delivered.append(Delivered(envelope, json.loads(r.body)))
+    return delivered
 
 
 def _envelope_of(headers: Mapping[str, object]) -> dict[str, str | int]:
