@@ -146,6 +146,7 @@ class Received:
     body: str
     attributes: dict[str, str]  # message attributes, by name
     system: dict[str, str]  # MessageGroupId, MessageDeduplicationId, ...
+    data_types: dict[str, str] = field(default_factory=dict)  # each attribute's DataType: String, Number
 
     @property
     def outbox_id(self) -> int:
@@ -179,7 +180,8 @@ def receive_all(client: Any, url: str, *, idle_s: float = 0.0) -> list[Received]
         deadline = None
         for m in messages:
             attrs = {k: v["StringValue"] for k, v in m.get("MessageAttributes", {}).items()}
-            got.append(Received(m["Body"], attrs, dict(m.get("Attributes", {}))))
+            types = {k: v["DataType"] for k, v in m.get("MessageAttributes", {}).items()}
+            got.append(Received(m["Body"], attrs, dict(m.get("Attributes", {})), types))
         client.delete_message_batch(
             QueueUrl=url,
             Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],

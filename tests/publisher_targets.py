@@ -1,0 +1,382 @@
+"""The adapters the publisher conformance suite (tests/test_publisher_conformance.py) runs
+against, one small harness each.
+
+A harness knows four things about its adapter, and the suite asks nothing else:
+
+- ``make_publisher()``: a started publisher on the test's own destination (queue,
+  exchange, file), closed after the test;
+- ``read_delivered(expected)``: what arrived at that destination since the last read, as
+  a consumer sees it (the envelope decoded to ``OutboxMessage.envelope()``'s types);
+- ``make_missing_destination()``: a started publisher whose destination does not exist;
+- ``refuse(kind, message)``: ``message`` turned into one the broker refuses for good, for
+  each kind in ``REFUSALS`` (what that broker really refuses: a message over the
+  adapter's max message size, a character SQS does not accept).
+
+What a harness cannot be tested for it declares in ``UNSUPPORTED`` with the reason, and
+the case skips saying it. Services (RabbitMQ, moto) come from the fixtures the harness
+names in ``FIXTURES``, so a run without RabbitMQ still tests the others, and
+``RELAY_TEST_REQUIRE_SERVICES=1`` turns a missing service into a failure, never a skip.
+
+Adding an adapter is one harness class here and one ``TargetSpec`` line per flavour in
+``TARGETS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import boto3
+import pytest
+
+from adapters.log import LogPublisher
+from adapters.memory import InMemoryPublisher
+from adapters.sqs.publisher import SqsPublisher
+from adapters.sqs.settings import SqsSettings
+from relay.contract import Publisher
+from relay.errors import PermanentError
+from relay.message import OutboxMessage
+from tests.rabbitmq_broker import Rabbit, unique
+from tests.sqs_server import queue_url, receive_all, unique_queue_name
+
+# The suite's cases an adapter may be unable to take part in.
+Case = Literal["permanent_failure", "missing_destination"]
+CASES: tuple[Case, ...] = ("permanent_failure", "missing_destination")
+
+# How long a read waits for the messages a test expects; confirmed messages are already
+# at the broker, so this is only ever spent when something is missing.
+ARRIVAL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """One message as its consumer got it: the envelope (header or attribute values typed
+    back as ``OutboxMessage.envelope()`` types them) and the decoded payload."""
+
+    envelope: dict[str, str | int]
+    payload: Any
+
+    @property
+    def outbox_id(self) -> int:
+        return int(self.envelope["outbox_id"])
+
+
+class Target(ABC):
+    """One adapter, as the conformance suite drives it (see the module docstring)."""
+
+    # A real broker (or its server-mode emulator) stands behind the adapter.
+    REAL_BROKER: ClassVar[bool]
+    # The pytest fixtures the harness is built from, by name.
+    FIXTURES: ClassVar[tuple[str, ...]] = ()
+    # Kinds of message the broker refuses for good (``refuse``); empty when it refuses none.
+    REFUSALS: ClassVar[tuple[str, ...]] = ()
+    # Cases this adapter cannot be tested for, each with the reason the case skips.
+    UNSUPPORTED: ClassVar[Mapping[Case, str]] = {}
+
+    def __init__(self, name: str, fixtures: Mapping[str, Any]) -> None:
+        """:param fixtures: the values of the fixtures named in ``FIXTURES``."""
+        self.name = name
+        self._publishers: list[Publisher] = []
+
+    def require(self, case: Case) -> None:
+        """Skip the calling test, saying why, when this adapter cannot take part in ``case``."""
+        reason = self.UNSUPPORTED.get(case)
+        if reason is not None:
+            pytest.skip(f"{self.name}: {reason}")
+
+    async def make_publisher(self) -> Publisher:
+        """A started publisher on this test's destination."""
+        return self._made(await self._start_publisher())
+
+    async def make_missing_destination(self) -> Publisher:
+        """A started publisher whose destination does not exist (and never will in the test)."""
+        return self._made(await self._start_missing())
+
+    @abstractmethod
+    async def read_delivered(self, expected: int) -> list[Delivered]:
+        """Everything that arrived since the last read, in arrival order: waits until at
+        least ``expected`` messages have (or :data:`ARRIVAL_TIMEOUT_S` passed), then a
+        moment longer for any extra, so that a duplicate shows."""
+
+    def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
+        """``message`` changed so that the broker refuses it for good, the way ``kind`` says."""
+        raise NotImplementedError(f"{self.name} refuses no message")
+
+    async def cleanup(self) -> None:
+        """Close every publisher made (closing twice is allowed by every adapter)."""
+        for publisher in self._publishers:
+            await publisher.close()
+
+    @abstractmethod
+    async def _start_publisher(self) -> Publisher: ...
+
+    async def _start_missing(self) -> Publisher:
+        raise NotImplementedError(f"{self.name} has no destination that could be missing")
+
+    def _made(self, publisher: Publisher) -> Publisher:
+        self._publishers.append(publisher)
+        return publisher
+
+
+async def _started(publisher: Publisher) -> Publisher:
+    await publisher.start()
+    return publisher
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """One entry of the suite's parametrization: a harness class and its options."""
+
+    name: str  # the test id
+    kind: type[Target]
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def build(self, fixtures: Mapping[str, Any]) -> Target:
+        return self.kind(self.name, fixtures, **self.options)
+
+
+# ---------------------------------------------------------------------------------------
+# memory
+
+
+class MemoryTarget(Target):
+    """The in-memory publisher: every publisher made delivers into one shared list, and
+    its script refuses the messages ``refuse`` marked."""
+
+    REAL_BROKER = False
+    REFUSALS = ("scripted",)
+    UNSUPPORTED = {
+        "missing_destination": "the in-memory publisher has no destination that could be missing"
+        " (a scripted BrokerUnavailable would test the script, not an adapter)",
+    }
+
+    def __init__(self, name: str, fixtures: Mapping[str, Any]) -> None:
+        super().__init__(name, fixtures)
+        self._delivered: list[OutboxMessage] = []
+        self._read = 0
+        self._refused: set[int] = set()
+
+    async def _start_publisher(self) -> Publisher:
+        return await _started(InMemoryPublisher(script=self._script, delivered=self._delivered))
+
+    def _script(self, message: OutboxMessage) -> PermanentError | None:
+        if message.id in self._refused:
+            return PermanentError("refused by the test's script")
+        return None
+
+    def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
+        self._refused.add(message.id)
+        return message
+
+    async def read_delivered(self, expected: int) -> list[Delivered]:
+        new, self._read = self._delivered[self._read :], len(self._delivered)
+        return [Delivered(m.envelope(), m.payload()) for m in new]
+
+
+# ---------------------------------------------------------------------------------------
+# log
+
+
+class LogPublisherTarget(Target):
+    """The log broker writing into a file opened as stdout is (text, over a binary buffer),
+    read back line by line."""
+
+    REAL_BROKER = False
+    FIXTURES = ("tmp_path",)
+    UNSUPPORTED = {
+        "permanent_failure": "the log broker writes every message it is given: it refuses none",
+        "missing_destination": "the log broker writes to stdout, which has no destination that could be missing",
+    }
+
+    def __init__(self, name: str, fixtures: Mapping[str, Any]) -> None:
+        super().__init__(name, fixtures)
+        self._path: Path = fixtures["tmp_path"] / "log-broker.jsonl"
+        self._stream = self._path.open("w", encoding="utf-8")
+        self._read = 0
+
+    async def _start_publisher(self) -> Publisher:
+        return await _started(LogPublisher(self._stream))
+
+    async def read_delivered(self, expected: int) -> list[Delivered]:
+        data = self._path.read_bytes()
+        end = data.rfind(b"\n") + 1  # whole lines only
+        new, self._read = data[self._read : end], max(self._read, end)
+        delivered = []
+        for line in new.splitlines():
+            fields = json.loads(line)
+            payload = fields.pop("payload")
+            delivered.append(Delivered(fields, payload))
+        return delivered
+
+    async def cleanup(self) -> None:
+        await super().cleanup()
+        self._stream.close()
+
+
+# ---------------------------------------------------------------------------------------
+# RabbitMQ
+
+
+class RabbitTarget(Target):
+    """A topic exchange of the test's own with one queue bound to every routing key; the
+    missing destination is an exchange nobody declared."""
+
+    REAL_BROKER = True
+    FIXTURES = ("rabbit",)
+    # The broker-side refusal (its max_message_size lowered with rabbitmqctl) is global to
+    # the shared broker; tests/test_rabbitmq_adapter.py covers it. Here the adapter's own
+    # --amqp-max-message-size refuses, as it does for a deployment that sets it.
+    REFUSALS = ("over --amqp-max-message-size",)
+    MAX_MESSAGE_SIZE = 64 * 1024
+    ROUTING_KEY = "{aggregate_type}.{event_type}"
+
+    def __init__(self, name: str, fixtures: Mapping[str, Any]) -> None:
+        super().__init__(name, fixtures)
+        self._rabbit: Rabbit = fixtures["rabbit"]
+        self._destination: tuple[str, str] | None = None  # (exchange, queue)
+
+    async def _topology(self) -> tuple[str, str]:
+        if self._destination is None:
+            exchange = await self._rabbit.exchange("topic")
+            queue = await self._rabbit.queue(bind=(exchange, "#"))
+            self._destination = (exchange, queue)
+        return self._destination
+
+    async def _start_publisher(self) -> Publisher:
+        exchange, _ = await self._topology()
+        return await self._on(exchange)
+
+    async def _start_missing(self) -> Publisher:
+        return await self._on(unique("missing"))
+
+    async def _on(self, exchange: str) -> Publisher:
+        # Rabbit.publisher starts it, and closes it when the rabbit fixture is torn down.
+        return await self._rabbit.publisher(
+            exchange=exchange, routing_key=self.ROUTING_KEY, max_message_size=self.MAX_MESSAGE_SIZE
+        )
+
+    def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
+        return replace(message, body=_blob(self.MAX_MESSAGE_SIZE + 1))
+
+    async def read_delivered(self, expected: int) -> list[Delivered]:
+        _, queue = await self._topology()
+        got = await self._rabbit.drain(queue, expected, timeout=ARRIVAL_TIMEOUT_S)
+        return [Delivered(_envelope_of(m.headers), json.loads(m.body)) for m in got]
+
+
+# ---------------------------------------------------------------------------------------
+# SQS (moto in server mode)
+
+
+class SqsTarget(Target):
+    """A queue of the test's own on moto, standard or FIFO; the missing destination is a
+    queue URL on the same server that names no queue."""
+
+    REAL_BROKER = True
+    FIXTURES = ("moto_endpoint", "sqs_client", "make_queue")
+    OVERSIZED = "over --sqs-max-message-size"
+    BAD_CHARACTER = "a character SQS does not accept"
+    NARROWED = "over the queue's MaximumMessageSize, refused by SQS itself"
+    REFUSALS = (OVERSIZED, BAD_CHARACTER, NARROWED)
+    MAX_MESSAGE_SIZE = 16 * 1024
+    # SQS's smallest MaximumMessageSize; the queue is narrowed to it after the publisher
+    # read the queue's size at start, so the adapter sends and SQS refuses.
+    NARROWED_SIZE = 1024
+
+    def __init__(self, name: str, fixtures: Mapping[str, Any], *, fifo: bool) -> None:
+        super().__init__(name, fixtures)
+        self._endpoint: str = fixtures["moto_endpoint"]
+        self._sqs: Any = fixtures["sqs_client"]
+        self._make_queue: Any = fixtures["make_queue"]
+        self._fifo = fifo
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            self._url = str(self._make_queue(fifo=self._fifo))
+        return self._url
+
+    def _on(self, url: str) -> SqsPublisher:
+        settings = SqsSettings(
+            queue_url=url,
+            region="us-east-1",
+            endpoint_url=self._endpoint,
+            # No SDK retry: a retried call that reached moto would be a duplicate on a
+            # standard queue. The read timeout allows for a loaded machine.
+            sdk_attempts=1,
+            read_timeout_s=10.0,
+            max_message_bytes=self.MAX_MESSAGE_SIZE,
+        )
+        return SqsPublisher(settings, session=boto3.session.Session())
+
+    async def _start_publisher(self) -> Publisher:
+        return await _started(self._on(self.url))
+
+    async def _start_missing(self) -> Publisher:
+        return await _started(self._on(queue_url(self._endpoint, unique_queue_name(self._fifo))))
+
+    def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
+        if kind == self.OVERSIZED:
+            return replace(message, body=_blob(self.MAX_MESSAGE_SIZE + 1))
+        if kind == self.BAD_CHARACTER:
+            return replace(message, body='{"text": "\uffff"}'.encode())
+        assert kind == self.NARROWED, kind
+        self._sqs.set_queue_attributes(QueueUrl=self.url, Attributes={"MaximumMessageSize": str(self.NARROWED_SIZE)})
+        return replace(message, body=_blob(2 * self.NARROWED_SIZE))
+
+    async def read_delivered(self, expected: int) -> list[Delivered]:
+        return await read_queue(self._sqs, self.url, expected)
+
+
+async def read_queue(sqs_client: Any, url: str, expected: int) -> list[Delivered]:
+    """What an SQS consumer of ``url`` got since the last read (read and deleted), the
+    attributes typed back by their DataType. Also for a queue subscribed to an SNS topic
+    with raw message delivery, where SNS's message attributes arrive as the queue's."""
+    got = []
+    deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
+    while True:
+        got += await asyncio.to_thread(receive_all, sqs_client, url)
+        if len(got) >= expected or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    got += await asyncio.to_thread(receive_all, sqs_client, url, idle_s=0.2)
+    delivered = []
+    for r in got:
+        envelope: dict[str, str | int] = {}
+        for name, value in r.attributes.items():
+            data_type = r.data_types[name]
+            assert data_type in ("Number", "String"), f"attribute {name} has DataType {data_type}"
+            envelope[name] = int(value) if data_type == "Number" else value
+        delivered.append(Delivered(envelope, json.loads(r.body)))
+    return delivered
+
+
+def _envelope_of(headers: Mapping[str, object]) -> dict[str, str | int]:
+    """AMQP headers as the envelope: each value must have come back a text or an integer."""
+    envelope: dict[str, str | int] = {}
+    for name, value in headers.items():
+        assert isinstance(value, str | int) and not isinstance(value, bool), f"header {name} is {value!r}"
+        envelope[name] = value
+    return envelope
+
+
+def _blob(size: int) -> bytes:
+    """A JSON payload of ``size`` bytes or a little more."""
+    return json.dumps({"blob": "x" * size}).encode()
+
+
+# The suite's parametrization: one line per adapter flavour.
+TARGETS: tuple[TargetSpec, ...] = (
+    TargetSpec("memory", MemoryTarget),
+    TargetSpec("log", LogPublisherTarget),
+    TargetSpec("rabbitmq", RabbitTarget),
+    TargetSpec("sqs-standard", SqsTarget, {"fifo": False}),
+    TargetSpec("sqs-fifo", SqsTarget, {"fifo": True}),
+)
