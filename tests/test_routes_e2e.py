@@ -4,6 +4,7 @@ a destination created late pausing only itself."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -13,7 +14,15 @@ import pytest
 
 from tests.conftest import Db
 from tests.producers import Arrival, CommitLog, LockedProducers, create_producer_tables, order_violations
-from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
+from tests.rabbitmq_broker import Rabbit, relay_args
+from tests.relay_process import (
+    RelayProcess,
+    assert_one_line_error,
+    relay_env,
+    run_relay,
+    wait_until,
+    wait_until_async,
+)
 from tests.sqs_server import create_queue, queue_url, receive_all, unique_queue_name
 
 
@@ -151,3 +160,40 @@ def test_status_by_event_type_shows_each_types_destination(pg_dsn: str, db: Db, 
         "InvoiceIssued": topic,
         "OrderPlaced": orders,
     }
+
+
+async def test_rabbitmq_routes_each_event_family_to_its_exchange_with_its_routing_key(
+    pg_dsn: str, db: Db, rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    customers, orders = await rabbit.exchange("topic"), await rabbit.exchange("topic")
+    customer_q = await rabbit.queue(bind=(customers, "order.#"))
+    order_q = await rabbit.queue(bind=(orders, "#"))
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'[[routes]]\nmatch = ["Customer*"]\nexchange = "{customers}"\n'
+        'routing_key = "{aggregate_type}.{event_type}"\n'
+    )
+    aggregates = [f"c-{i}" for i in range(4)]
+    create_producer_tables(pg_dsn, db.names, aggregates)
+    log = CommitLog()
+    producers = LockedProducers(pg_dsn, db.names, aggregates, log, threads=2, seed=9, event_type="CustomerRenamed")
+    process = RelayProcess(
+        "start", "--config", str(config), *relay_args(pg_dsn, db.names, rabbit.amqp.url), "--exchange", orders,
+        "--routing-key", "{event_type}",
+    )  # fmt: skip
+    relays.append(process)
+    await asyncio.to_thread(producers.run, 10)
+    order_ids = db.insert([(f"o-{i}", "OrderPlaced", {}) for i in range(5)])
+    total = len(db.rows())
+    assert await wait_until_async(lambda: db.statuses() == {"done": total}, timeout=30), db.statuses()
+    process.stop()
+    process.assert_clean_exit()
+
+    to_customers = await rabbit.drain(customer_q, len(log.ids()), timeout=10)
+    to_orders = await rabbit.drain(order_q, len(order_ids), timeout=10)
+    assert {int(m.message_id or 0) for m in to_customers} == log.ids()
+    assert {m.routing_key for m in to_customers} == {"order.CustomerRenamed"}  # the route's own key
+    assert sorted(int(m.message_id or 0) for m in to_orders) == order_ids  # the default exchange's
+    assert {m.routing_key for m in to_orders} == {"OrderPlaced"}
+    first = [Arrival(int(m.message_id or 0), str(m.headers["aggregate_id"])) for m in to_customers]
+    assert order_violations(log.expected(), first) == []
