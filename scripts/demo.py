@@ -8,14 +8,17 @@
 1. migrates a fresh ``relay_demo`` schema in PostgreSQL (``--dsn`` / ``RELAY_DSN``) and
    stores its ordering map (``Order*`` ordered, the rest not), shared by every relay;
 2. starts an embedded SQS (moto's ThreadedMotoServer on a free 127.0.0.1 port) unless
-   ``--endpoint-url`` is given, and creates a FIFO queue;
-3. runs ``relay start --broker sqs`` as a subprocess with several workers, and concurrent
+   ``--endpoint-url`` is given, and creates two FIFO queues: one for the orders' events,
+   one for the customer notifications;
+3. runs ``relay start --broker sqs`` as a subprocess with several workers and a route
+   (``--route CustomerNotified,ReceiptEmailed=<notifications queue>``; the rest goes to
+   ``--queue-url``, the orders queue), and concurrent
    producers writing the life of each order (OrderCreated, OrderItemAdded, OrderPaid,
    OrderShipped, OrderDelivered... in order; notifications unordered) in their own
    transactions, each producer owning its orders so that id order is commit order;
 4. prints progress every second while the outbox drains, stops the relay with SIGTERM;
-5. reads the queue back and prints a verdict: every event delivered, duplicates, and
-   per-order sequence held. Exit code 0 when the verdict holds, 1 when it does not.
+5. reads both queues back and prints a verdict: every event delivered to its family's
+   queue, duplicates, and per-order sequence held. Exit code 0 when the verdict holds, 1 when it does not.
 """
 
 from __future__ import annotations
@@ -47,11 +50,15 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from relay.errors import first_line
 from relay.ordering import OrderingMap
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "relay_demo"
-QUEUE = "relay-demo-orders.fifo"
+QUEUE = "relay-demo-orders.fifo"  # the default destination: the order's own events
+# A route sends the customer-facing notifications to a queue of their own.
+NOTIFY_QUEUE = "relay-demo-notifications.fifo"
+NOTIFICATIONS = ("CustomerNotified", "ReceiptEmailed")
 ORDERED = "Order*"  # the order's own events, in sequence; notifications may overtake them
 ORDERING = OrderingMap(default_ordered=False, ordered=(ORDERED,))
 ORDERING_FLAGS = ("--ordering-default", "unordered", "--ordered", ORDERED)  # the same map, for relay migrate
@@ -74,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with sqs_endpoint(args.endpoint_url) as (endpoint, aws_env):
         client = boto3.client("sqs", endpoint_url=endpoint, region_name=args.region)
-        url = fresh_queue(client)
-        print(f"[sqs] FIFO queue {url}")
-        verdict = run(args, endpoint, url, aws_env, client)
+        url, notify_url = fresh_queue(client, QUEUE), fresh_queue(client, NOTIFY_QUEUE)
+        print(f"[sqs] FIFO queue {url} (orders), {notify_url} (notifications, by a route)")
+        verdict = run(args, endpoint, (url, notify_url), aws_env, client)
     print()
     for line in verdict.lines():
         print(line)
@@ -186,11 +193,11 @@ def speed_up_moto() -> None:
         setattr(models.Queue, counter, property(lambda self: 0))
 
 
-def fresh_queue(client: Any) -> str:
+def fresh_queue(client: Any, name: str) -> str:
     with contextlib.suppress(client.exceptions.QueueDoesNotExist):
-        old = client.get_queue_url(QueueName=QUEUE)["QueueUrl"]
+        old = client.get_queue_url(QueueName=name)["QueueUrl"]
         client.delete_queue(QueueUrl=old)
-    url: str = client.create_queue(QueueName=QUEUE, Attributes={"FifoQueue": "true"})["QueueUrl"]
+    url: str = client.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})["QueueUrl"]
     return url
 
 
@@ -342,6 +349,8 @@ class Verdict:
     drained: bool = False
     seconds: float = 0.0
     reclaimed: int | None = None  # rows claimed more than once (--crash)
+    per_queue: tuple[int, int] = (0, 0)  # messages read from the orders and the notifications queue
+    misrouted: int = 0  # messages found in the other family's queue
     problems: tuple[str, ...] = ()
 
     @property
@@ -355,7 +364,8 @@ class Verdict:
             f"  events written              {self.written}",
             f"  delivered (outbox done)     {self.done}, {self.seconds:.1f}s from the first write ({rate:.0f}/s)"
             f"   dead: {self.dead}",
-            f"  messages read from SQS      {self.received}",
+            f"  messages read from SQS      {self.received}   orders queue {self.per_queue[0]},"
+            f" notifications queue {self.per_queue[1]} (by a route)   misrouted: {self.misrouted}",
             f"  distinct outbox ids         {self.distinct}   missing: {self.missing}",
             f"  duplicates seen by consumer {self.received - self.distinct}"
             + (f"   (rows claimed again after the crash: {self.reclaimed})" if self.reclaimed is not None else ""),
@@ -365,7 +375,8 @@ class Verdict:
         ]
         if self.ok:
             out.append(
-                "PASS: every event arrived exactly once, each order's events in sequence (aggregate_seq 1, 2, 3, ...)"
+                "PASS: every event arrived exactly once, in its family's queue, each order's events in sequence"
+                " (aggregate_seq 1, 2, 3, ...)"
             )
         else:
             out.extend(f"FAIL: {p}" for p in self.problems)
@@ -379,8 +390,10 @@ class Relay:
         self.command, self.env, self.log_path = command, env, log_path
         self.log_path.write_text("")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0  # processes started so far, each logging "relay started" once up
 
     def start(self) -> None:
+        self.starts += 1
         with self.log_path.open("a") as log:
             self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=log, env=self.env)
 
@@ -388,8 +401,11 @@ class Relay:
         return None if self.proc is None else self.proc.poll()
 
     def started(self) -> bool:
-        """Wait until it says it is running, or exits."""
-        return wait_for(lambda: "relay started" in self.log_path.read_text() or self.exit_code() is not None, 20)
+        """Wait until the latest process says it is running, or exits (its SIGTERM handler is
+        in place from then on)."""
+        return wait_for(
+            lambda: self.log_path.read_text().count("relay started") >= self.starts or self.exit_code() is not None, 20
+        )
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -407,12 +423,15 @@ class Relay:
         return self.proc.wait()
 
 
-def run(args: argparse.Namespace, endpoint: str, url: str, aws_env: dict[str, str], client: Any) -> Verdict:
+def run(
+    args: argparse.Namespace, endpoint: str, urls: tuple[str, str], aws_env: dict[str, str], client: Any
+) -> Verdict:
     log_path = Path(tempfile.gettempdir()) / "relay-demo.log"
+    url, notify_url = urls
     command = [
         *relay_bin(), "start", "--dsn", args.dsn, "--schema", SCHEMA,
         "--broker", "sqs", "--queue-url", url, "--endpoint-url", endpoint, "--region", args.region,
-        "--workers", str(args.workers),
+        "--route", f"{','.join(NOTIFICATIONS)}={notify_url}", "--workers", str(args.workers),
     ]  # fmt: skip
     if args.crash:
         # A killed relay's leases must run out before another relay may take its rows:
@@ -432,8 +451,12 @@ def run(args: argparse.Namespace, endpoint: str, url: str, aws_env: dict[str, st
     finally:
         verdict.relay_exit = relay.stop()
     print(f"[relay] stopped with SIGTERM, exit code {verdict.relay_exit}")
-    got = read_back(client, url)
-    return judge(verdict, got, args.dsn, log_path)
+    orders, notifications = read_back(client, url), read_back(client, notify_url)
+    verdict.per_queue = (len(orders), len(notifications))
+    verdict.misrouted = sum(1 for r in orders if r.event_type in NOTIFICATIONS) + sum(
+        1 for r in notifications if r.event_type not in NOTIFICATIONS
+    )
+    return judge(verdict, [*orders, *notifications], args.dsn, log_path)
 
 
 def drain(args: argparse.Namespace, relay: Relay, verdict: Verdict) -> Verdict:
@@ -464,6 +487,7 @@ def drain(args: argparse.Namespace, relay: Relay, verdict: Verdict) -> Verdict:
                 relay.kill()
                 print("[relay] killed with SIGKILL mid-drain; starting another (the dead one's leases expire in 5s)")
                 relay.start()
+                relay.started()
             if relay.exit_code() is not None:
                 verdict.problems = (f"the relay exited while draining (code {relay.exit_code()})",)
                 break
@@ -524,6 +548,8 @@ def judge(verdict: Verdict, got: list[Received], dsn: str, log_path: Path) -> Ve
         problems.append(f"{verdict.order_breaks} events arrived before an earlier event of their order")
     if verdict.seq_breaks:
         problems.append(f"{verdict.seq_breaks} ordered events arrived with an aggregate_seq out of sequence")
+    if verdict.misrouted:
+        problems.append(f"{verdict.misrouted} messages reached the other event family's queue")
     if verdict.dead:
         problems.append(f"{verdict.dead} messages went to dead")
     if verdict.relay_exit != 0:
@@ -546,11 +572,6 @@ def wait_for(check: Any, timeout: float) -> bool:
             return True
         time.sleep(0.1)
     return False
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 if __name__ == "__main__":
