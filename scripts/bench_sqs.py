@@ -15,6 +15,8 @@ built by the adapter's own ``prepare``) to the same embedded SQS, each into a fr
 - relay: ``relay start --broker sqs`` as a subprocess draining an outbox pre-filled with those
   messages, timed from its "relay started" log line to the last row's ``done_at``
   (PostgreSQL claim, publish, fenced finalize: the whole path);
+- relay, routed: the same outbox with one route sending half the event types to a second
+  queue (two publishers, two clients), in every round: the cost of routing beside one queue;
 - relay, unpipelined (``--compare-unpipelined``): the same with ``--no-pipeline``, right
   after it in the same round, so the two dispatch loops are compared under the same load.
 - baseline relay (``--baseline-relay PATH``): another checkout's ``relay`` executable (say,
@@ -134,6 +136,10 @@ class EmbeddedSqs:
 
 # ---------------------------------------------------------------------------------------
 # The messages
+
+
+# The event types the routed run sends to its second queue (half of make_events' kinds).
+ROUTED_TYPES = ("OrderPaid", "OrderShipped")
 
 
 def make_events(n: int, aggregates: int, payload_bytes: int, seed: int = 7) -> list[tuple[str, str, dict[str, Any]]]:
@@ -287,6 +293,8 @@ def relay_run(
     sqs_pid: int,
     extra: tuple[str, ...] = (),
     binary: tuple[str, ...] = (),
+    *,
+    routed: bool = False,
 ) -> Run:
     """``relay start`` draining the pre-filled outbox, timed from its "relay started" log
     line to the last ``done_at`` PostgreSQL recorded (same host clock); checks that every
@@ -295,9 +303,16 @@ def relay_run(
     Completion is polled every 100 ms through the partial indexes on pending and
     processing rows, so the polling costs PostgreSQL next to nothing; the precise end comes
     from ``done_at``, not from the poll.
+
+    ``routed``: a route sends half the event types (OrderPaid, OrderShipped) to a second
+    queue, the rest to ``--queue-url``; both queues together must hold every message.
     """
     client = boto3.client("sqs", endpoint_url=endpoint, region_name=REGION)
     url = new_queue(client, args.fifo, "relay")
+    urls = [url]
+    if routed:
+        urls.append(new_queue(client, args.fifo, "routed"))
+        extra = (*extra, "--route", f"{','.join(ROUTED_TYPES)}={urls[1]}")
     order_flags = ["--ordering-default", "ordered" if ordering.default_ordered else "unordered"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")} | FAKE_AWS
     log_path = Path(tempfile.gettempdir()) / "relay-bench-sqs.log"
@@ -345,9 +360,9 @@ def relay_run(
     done, last_done = row
     if done != n or code != 0:
         raise SystemExit(f"relay run not clean: {done} of {n} done, exit code {code}; see {log_path}")
-    in_queue = count_in_queue(endpoint, url)
-    if in_queue != n:
-        raise SystemExit(f"the relay's queue holds {in_queue} messages, expected {n}")
+    in_queues = [count_in_queue(endpoint, u) for u in urls]
+    if sum(in_queues) != n or 0 in in_queues:
+        raise SystemExit(f"the relay's queues hold {in_queues} messages, expected {n} in all, some in each")
     return Run((last_done - started).total_seconds(), *cpu)
 
 
@@ -401,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     raws: list[Run] = []
     tuned: list[Run] = []
     relays: list[Run] = []
+    routed: list[Run] = []
     unpipelined: list[Run] = []
     baseline: list[Run] = []
     clean: list[int] = []  # rounds no other work disturbed
@@ -413,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
             tuned.append(raw_run(sqs.endpoint, entries, args.fifo, best, sqs_pid, tuned=True))
             seed_outbox(args.dsn, events, ordering)
             relays.append(relay_run(args, sqs.endpoint, n, ordering, sqs_pid))
+            seed_outbox(args.dsn, events, ordering)
+            routed.append(relay_run(args, sqs.endpoint, n, ordering, sqs_pid, routed=True))
             if args.compare_unpipelined:
                 seed_outbox(args.dsn, events, ordering)
                 unpipelined.append(relay_run(args, sqs.endpoint, n, ordering, sqs_pid, ("--no-pipeline",)))
@@ -434,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"   ratio {relay.rate(n) / raw.rate(n):.2f}"
                 + ("" if foreign < FOREIGN_CPU_LIMIT_S else f"   (disturbed: {foreign:.1f} cpu s of other work)")
             )
-            for label, runs in (("--no-pipeline", unpipelined), ("baseline     ", baseline)):
+            for label, runs in (("routed, 2 q  ", routed), ("--no-pipeline", unpipelined), ("baseline     ", baseline)):
                 if runs:
                     u = runs[-1]
                     print(
@@ -458,6 +476,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"        vs raw boto3 with the adapter's client settings {tuned_rate:.0f} msg/s:"
         f" ratio {relay_rate / tuned_rate:.2f}; load average {os.getloadavg()[0]:.2f} at the end"
+    )
+    routed_rate = statistics.median(routed[i].rate(n) for i in rounds)
+    print(
+        f"        relay routed to two queues {routed_rate:.0f} msg/s beside one queue {relay_rate:.0f} msg/s:"
+        f" ratio {routed_rate / relay_rate:.2f}"
     )
     for label, runs in (("relay --no-pipeline", unpipelined), ("baseline relay", baseline)):
         if runs:
