@@ -20,8 +20,8 @@ import boto3
 import pytest
 from botocore.exceptions import ParamValidationError
 
+from adapters.aws.entries import group_id
 from adapters.sqs import OPTIONS, SqsSettings, create
-from adapters.sqs.entries import group_id
 from adapters.sqs.publisher import SqsPublisher
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
 from relay.message import OutboxMessage
