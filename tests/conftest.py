@@ -27,7 +27,7 @@ from tests.helpers import create_outbox_at
 from tests.relay_process import RelayProcess
 from tests.services import SKIP_PG, postgres_dsn, require_services
 
-pytest_plugins = ("tests.rabbitmq_broker", "tests.sqs_server")
+pytest_plugins = ("tests.rabbitmq_broker", "tests.sqs_server", "tests.sns_server")
 
 
 @pytest.fixture(scope="session")

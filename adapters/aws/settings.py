@@ -8,6 +8,7 @@ start-up, and a relay that delivers to RabbitMQ should not pay for loading the A
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+from relay.contract import PublishLimits
 from relay.dsn import describe_url, register_secret
 from relay.errors import ConfigError
 from relay.options import Option
@@ -121,6 +123,23 @@ class AwsSettings:
         """
         backoff = sum(2.0 ** (n - 1) for n in range(1, self.sdk_attempts))
         return self.sdk_attempts * (self.connect_timeout_s + self.read_timeout_s) + backoff
+
+
+def warn_if_slow(settings: AwsSettings, limits: PublishLimits, log: logging.Logger, service: str) -> None:
+    """One warning when one SDK call may outlast ``--publish-timeout`` (the relay then cuts
+    slow calls off and retries them, which the timeouts were meant to make rare)."""
+    publish_timeout = limits.publish_timeout.total_seconds()
+    if settings.worst_call_s() >= publish_timeout:
+        log.warning(
+            "one %s call may take up to %.0fs (%d SDK attempts x (connect %gs + read %gs)), not less than"
+            " --publish-timeout %gs: slow calls will be cut off and retried by the relay",
+            service,
+            settings.worst_call_s(),
+            settings.sdk_attempts,
+            settings.connect_timeout_s,
+            settings.read_timeout_s,
+            publish_timeout,
+        )
 
 
 def sdk_values(values: Mapping[str, Any], broker: str) -> dict[str, Any]:
