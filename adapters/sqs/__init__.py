@@ -2,9 +2,10 @@
 
 ``relay start --broker sqs --queue-url URL`` (or ``RELAY_QUEUE_URL``, or ``queue_url`` in
 the ``[sqs]`` table of the config file). Credentials come from the usual AWS chain
-(environment, profile, IAM role).
+(environment, profile, IAM role). ``--sqs-message-group standard`` sends a standard queue
+the aggregate id as ``MessageGroupId`` too (SQS fair queues); FIFO queues always get it.
 
-How failures are sorted (see :mod:`adapters.sqs.classify`):
+How failures are sorted (see :mod:`adapters.aws.classify`, shared with SNS):
 
 - throttling (``RequestThrottled``, a 403; ``ThrottlingException``; ``KMS.ThrottlingException``;
   ``OverLimit``), 5xx, timeouts, dropped connections, and refused entries with
