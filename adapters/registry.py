@@ -18,12 +18,13 @@ _MODULES = {name: f"adapters.{name}" for name in BROKERS}
 
 
 def broker_options() -> tuple[Option, ...]:
-    """Every broker's options, for the CLI and for checking config-file keys."""
+    """Every broker's options, for the CLI and for checking config-file keys; an option
+    several brokers take (the AWS region) is declared once and listed once."""
     options: list[Option] = []
     for module_name in _MODULES.values():
         module = _load(module_name)
         if module is not None:
-            options.extend(getattr(module, "OPTIONS", ()))
+            options.extend(o for o in getattr(module, "OPTIONS", ()) if o not in options)
     return tuple(options)
 
 

@@ -37,7 +37,7 @@ START_OPTIONS: tuple[Option, ...] = (
         "broker",
         "choice",
         None,
-        "Where to deliver: sqs, rabbitmq, or log (JSON lines on stdout).",
+        "Where to deliver: sqs, sns, rabbitmq, or log (JSON lines on stdout).",
         choices=BROKERS,
     ),
     Option("workers", "int", 4, "Dispatch loops in this process.", minimum=1, maximum=256),

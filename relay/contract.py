@@ -52,7 +52,7 @@ class Publisher(Protocol):
 
 # The brokers `--broker` accepts. Each is the adapter module of that name under adapters/
 # (adapters.registry imports it when it is chosen); adding a broker adds its name here.
-BROKERS = ("sqs", "rabbitmq", "log")
+BROKERS = ("sqs", "sns", "rabbitmq", "log")
 
 
 @runtime_checkable

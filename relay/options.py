@@ -49,6 +49,9 @@ class Option:
     secret: bool = False
     # A string that may not be empty: '' is refused rather than read as "the default".
     nonempty: bool = False
+    # Other TOML tables that may hold ``key``: a setting several brokers share (``region``
+    # in ``[sqs]`` or ``[sns]``) is declared once and read from whichever table is written.
+    also_in: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -232,8 +235,8 @@ def check_file_keys(data: Mapping[str, Any], known: Iterable[Option], path: str)
     top = {o.toml_key for o in known if o.section is None}
     sections: dict[str, set[str]] = {}
     for o in known:
-        if o.section:
-            sections.setdefault(o.section, set()).add(o.toml_key)
+        for section in (o.section, *o.also_in) if o.section else ():
+            sections.setdefault(section, set()).add(o.toml_key)
     for key, value in data.items():
         if key in sections:
             if not isinstance(value, dict):
@@ -262,9 +265,13 @@ def source_of(o: Option, cli: Mapping[str, Any], file: Mapping[str, Any], env: M
     # An empty variable means "not set", except where empty is an error of its own.
     if o.env in env and (env[o.env] != "" or o.nonempty):
         return Given(o.env, env[o.env])
-    table = file.get(o.section, {}) if o.section else file
-    if isinstance(table, Mapping) and o.toml_key in table:
-        return Given(f"config {o.where}", table[o.toml_key])
+    if not o.section:
+        return Given(f"config {o.where}", file[o.toml_key]) if o.toml_key in file else None
+    written = [s for s in (o.section, *o.also_in) if isinstance(file.get(s), Mapping) and o.toml_key in file[s]]
+    if len(written) > 1:
+        raise ConfigError(f"config sets {o.toml_key} in both [{written[0]}] and [{written[1]}]: keep one")
+    if written:
+        return Given(f"config [{written[0]}] {o.toml_key}", file[written[0]][o.toml_key])
     return None
 
 

@@ -1,7 +1,8 @@
-"""Building workers over the in-memory publisher for tests."""
+"""Building workers over the in-memory publisher for tests, and the messages adapter tests send."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ from relay.backoff import Backoff
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.contract import PublishLimits
 from relay.decide import Policy
+from relay.message import OutboxMessage
 from relay.options import resolve
 from relay.sqlfiles import migrations, named_queries
 from relay.sqlnames import OutboxNames
@@ -104,3 +106,29 @@ def settings_for(pg_dsn: str, names: OutboxNames, **over: object) -> RelaySettin
     )
     values.update(over)
     return RelaySettings.from_values(values)
+
+
+def outbox_message(
+    id: int,
+    aggregate: str = "order-1",
+    event_type: str = "OrderCreated",
+    *,
+    payload: Any = None,
+    body: bytes | None = None,
+    ordered: bool = False,
+    aggregate_seq: int | None = None,
+) -> OutboxMessage:
+    """An outbox message as a claim gives it to an adapter: the payload ``{"n": id}`` by default,
+    attempt 2 and lease version 7 (so a test sees them carried, not defaulted)."""
+    data = body if body is not None else json.dumps(payload if payload is not None else {"n": id}).encode()
+    return OutboxMessage(
+        id=id,
+        aggregate_type="order",
+        aggregate_id=aggregate,
+        event_type=event_type,
+        body=data,
+        attempt=2,
+        lease_version=7,
+        ordered=ordered,
+        aggregate_seq=aggregate_seq,
+    )

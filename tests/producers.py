@@ -26,12 +26,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 from psycopg import sql
 
+from relay.ordering import OrderingMap
+from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
+
+if TYPE_CHECKING:
+    from tests.conftest import Db
 
 LockKind = Literal["row", "advisory", "insert-then-lock"]
 
@@ -307,3 +312,43 @@ def count_inversions(expected: dict[str, list[int]], delivered_first: Iterable[A
             inversions += 1
         latest[d.aggregate_id] = max(r, latest.get(d.aggregate_id, -1))
     return inversions
+
+
+# ---------------------------------------------------------------------------------------
+# Orders' lives, seeded in one go (the AWS end-to-end tests drain them)
+
+ORDERING = OrderingMap(default_ordered=False, ordered=("Order*",))
+ORDERING_FLAGS = ("--ordering-default", "unordered", "--ordered", "Order*")
+# One order's life: the Order* events must reach consumers in this order; the others
+# (notifications) may overtake them.
+LIFECYCLE = (
+    "OrderCreated",
+    "OrderItemAdded",
+    "OrderItemAdded",
+    "CustomerNotified",
+    "OrderPriced",
+    "OrderPaid",
+    "ReceiptEmailed",
+    "OrderPacked",
+    "OrderShipped",
+    "CustomerNotified",
+)
+
+
+async def route_by(dsn: str, names: OutboxNames, ordering: OrderingMap) -> None:
+    """Store the ordering map the relay will run with, as `relay migrate --ordered ...`
+    does: the database routes each row (ordered or not) when it is inserted, by the map
+    stored then."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await store_ordering(conn, names, ordering)
+
+
+def seed(db: Db, aggregates: int, per_aggregate: int) -> list[dict[str, Any]]:
+    """Events interleaved across aggregates, the way concurrent orders would write them."""
+    rows = []
+    for step in range(per_aggregate):
+        for a in range(aggregates):
+            event = LIFECYCLE[step % len(LIFECYCLE)]
+            rows.append((f"order-{a:03d}", event, {"order": a, "step": step, "event": event}))
+    db.insert(rows)
+    return db.rows()

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import boto3
 import pytest
@@ -222,22 +222,21 @@ class Faults:
     """Answers chosen calls before they reach the network; records every call.
 
     Register on the boto3 session a publisher is built from (``faults.register(session)``),
-    since a client copies its session's hooks when it is created.
+    since a client copies its session's hooks when it is created. This one speaks SQS's
+    JSON protocol; :class:`tests.sns_server.SnsFaults` says the same in SNS's query protocol.
     """
 
     rules: list[Rule] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
+    service: ClassVar[str] = "sqs"
+    batch_operation: ClassVar[str] = "SendMessageBatch"
 
     def register(self, session: boto3.session.Session) -> None:
         hook: Any = self._before_send  # a before-send handler may return the response
-        session.events.register("before-send.sqs", hook)
+        session.events.register(f"before-send.{self.service}", hook)
 
     def _before_send(self, request: AWSPreparedRequest, **_: Any) -> AWSResponse | None:
-        target = request.headers.get("X-Amz-Target", b"")
-        target = target.decode() if isinstance(target, bytes) else str(target)
-        body = request.body
-        raw = body.decode() if isinstance(body, bytes) else str(body or "{}")
-        call = Call(target.rsplit(".", 1)[-1], json.loads(raw or "{}"))
+        call = self.parse(request)
         self.calls.append(call)
         for rule in self.rules:
             answer = rule(call)
@@ -247,8 +246,29 @@ class Faults:
                 return answer
         return None
 
+    def parse(self, request: AWSPreparedRequest) -> Call:
+        """The call a request makes: its operation, and its parameters with ``Entries``."""
+        target = request.headers.get("X-Amz-Target", b"")
+        target = target.decode() if isinstance(target, bytes) else str(target)
+        body = request.body
+        raw = body.decode() if isinstance(body, bytes) else str(body or "{}")
+        return Call(target.rsplit(".", 1)[-1], json.loads(raw or "{}"))
+
+    def error_answer(self, code: str, *, status: int, query_code: str | None, message: str) -> AWSResponse:
+        return error_response(code, status=status, query_code=query_code, message=message)
+
+    def entries_answer(self, ok: list[str], failed: list[tuple[str, str, bool]]) -> AWSResponse:
+        """A 200 answer to a batch call: ``ok`` Ids succeeded, ``failed`` (Id, Code, SenderFault) did not."""
+        return json_response(
+            200,
+            {
+                "Successful": [{"Id": i, "MessageId": str(uuid.uuid4()), "MD5OfMessageBody": "0" * 32} for i in ok],
+                "Failed": [{"Id": i, "SenderFault": f, "Code": c, "Message": "injected"} for i, c, f in failed],
+            },
+        )
+
     def sends(self) -> list[Call]:
-        return [c for c in self.calls if c.operation == "SendMessageBatch"]
+        return [c for c in self.calls if c.operation == self.batch_operation]
 
     def error(
         self,
@@ -257,48 +277,47 @@ class Faults:
         status: int = 400,
         query_code: str | None = None,
         message: str = "injected",
-        operation: str = "SendMessageBatch",
+        operation: str | None = None,
         when: Callable[[Call], bool] | None = None,
     ) -> None:
-        """Refuse matching calls the way SQS's JSON protocol does: ``__type`` in the body,
-        the query-protocol code in ``x-amzn-query-error``."""
+        """Refuse matching calls (by default the batch call) the way the service does: for
+        SQS ``__type`` in the body and the query-protocol code in ``x-amzn-query-error``."""
+        operation = operation or self.batch_operation
 
         def rule(call: Call) -> AWSResponse | None:
             if call.operation != operation or (when is not None and not when(call)):
                 return None
-            return error_response(code, status=status, query_code=query_code, message=message)
+            return self.error_answer(code, status=status, query_code=query_code, message=message)
 
         self.rules.append(rule)
 
     def fail_entries(self, failures: dict[str, tuple[str, bool]]) -> None:
-        """Answer SendMessageBatch with 200 and refuse entries by Id: ``{id: (code, sender_fault)}``;
+        """Answer the batch call with 200 and refuse entries by Id: ``{id: (code, sender_fault)}``;
         the rest are reported Successful (without reaching moto)."""
 
         def rule(call: Call) -> AWSResponse | None:
-            if call.operation != "SendMessageBatch" or not set(call.entry_ids) & set(failures):
+            if call.operation != self.batch_operation or not set(call.entry_ids) & set(failures):
                 return None
-            ok = [
-                {"Id": i, "MessageId": str(uuid.uuid4()), "MD5OfMessageBody": "0" * 32}
-                for i in call.entry_ids
-                if i not in failures
-            ]
-            failed = [
-                {"Id": i, "SenderFault": failures[i][1], "Code": failures[i][0], "Message": "injected"}
-                for i in call.entry_ids
-                if i in failures
-            ]
-            return json_response(200, {"Successful": ok, "Failed": failed})
+            ok = [i for i in call.entry_ids if i not in failures]
+            failed = [(i, *failures[i]) for i in call.entry_ids if i in failures]
+            return self.entries_answer(ok, failed)
 
         self.rules.append(rule)
 
-    def raise_(self, exc: Callable[[], BaseException], operation: str = "SendMessageBatch") -> None:
+    def raise_(self, exc: Callable[[], BaseException], operation: str | None = None) -> None:
+        operation = operation or self.batch_operation
         self.rules.append(lambda call: exc() if call.operation == operation else None)
 
 
 def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> AWSResponse:
-    all_headers: Any = {"Content-Type": "application/x-amz-json-1.0", "x-amzn-RequestId": str(uuid.uuid4())}
-    all_headers.update(headers or {})
-    return AWSResponse("https://injected", status, all_headers, _Body(json.dumps(body).encode()))
+    all_headers = {"Content-Type": "application/x-amz-json-1.0", **(headers or {})}
+    return raw_response(status, json.dumps(body).encode(), all_headers)
+
+
+def raw_response(status: int, data: bytes, headers: dict[str, str]) -> AWSResponse:
+    """An answer as botocore would have read it off the wire."""
+    all_headers: Any = {"x-amzn-RequestId": str(uuid.uuid4()), **headers}
+    return AWSResponse("https://injected", status, all_headers, _Body(data))
 
 
 def error_response(code: str, *, status: int, query_code: str | None, message: str) -> AWSResponse:

@@ -20,13 +20,13 @@ import boto3
 import pytest
 from botocore.exceptions import ParamValidationError
 
+from adapters.aws.entries import group_id
 from adapters.sqs import OPTIONS, SqsSettings, create
-from adapters.sqs.entries import group_id
 from adapters.sqs.publisher import SqsPublisher
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
-from relay.message import OutboxMessage
 from relay.options import resolve
 from tests.helpers import DEFAULT_LIMITS
+from tests.helpers import outbox_message as msg
 from tests.sqs_server import (
     Faults,
     closing_endpoint,
@@ -39,30 +39,6 @@ from tests.sqs_server import (
 )
 
 MakePublisher = Callable[..., Awaitable[SqsPublisher]]
-
-
-def msg(
-    id: int,
-    aggregate: str = "order-1",
-    event_type: str = "OrderCreated",
-    *,
-    payload: Any = None,
-    body: bytes | None = None,
-    ordered: bool = False,
-    aggregate_seq: int | None = None,
-) -> OutboxMessage:
-    data = body if body is not None else json.dumps(payload if payload is not None else {"n": id}).encode()
-    return OutboxMessage(
-        id=id,
-        aggregate_type="order",
-        aggregate_id=aggregate,
-        event_type=event_type,
-        body=data,
-        attempt=2,
-        lease_version=7,
-        ordered=ordered,
-        aggregate_seq=aggregate_seq,
-    )
 
 
 @pytest.fixture
@@ -289,6 +265,44 @@ async def test_aggregate_ids_sqs_refuses_as_group_ids_get_a_stable_digest(
     got = receive_all(sqs_client, url)
     assert [r.system["MessageGroupId"] for r in got] == [group_id(odd)] * 2
     assert [r.attributes["aggregate_id"] for r in got] == [odd, odd]
+
+
+def test_fair_queue_group_ids_are_off_by_default_and_set_by_flag_env_or_the_sqs_table() -> None:
+    url = "https://sqs.us-east-1.amazonaws.com/123456789012/orders"
+    by_dest = {o.dest: o for o in OPTIONS}
+    assert by_dest["sqs_message_group"].flag == "--sqs-message-group"
+    assert by_dest["sqs_message_group"].env == "RELAY_SQS_MESSAGE_GROUP"
+    assert (
+        SqsSettings.from_values(resolve(OPTIONS, cli={"queue_url": url}, file={}, env={}), DEFAULT_LIMITS).message_group
+        == "none"
+    )
+    for cli, file, env in (
+        ({"sqs_message_group": "standard"}, {}, {}),
+        ({}, {}, {"RELAY_SQS_MESSAGE_GROUP": "standard"}),
+        ({}, {"sqs": {"message_group": "standard"}}, {}),
+    ):
+        values = resolve(OPTIONS, cli={"queue_url": url, **cli}, file=file, env=env)
+        assert SqsSettings.from_values(values, DEFAULT_LIMITS).message_group == "standard"
+    with pytest.raises(ConfigError, match=r"invalid --sqs-message-group.*choose from none, standard"):
+        resolve(OPTIONS, cli={"sqs_message_group": "fair"}, file={}, env={})
+
+
+async def test_a_standard_queue_gets_the_aggregate_as_message_group_with_message_group_standard(
+    publisher: MakePublisher,
+    make_queue: Callable[..., str],
+    sqs_client: Any,
+) -> None:
+    url = make_queue(fifo=False)
+    faults = Faults()  # records what was sent, besides what moto hands back
+    p = await publisher(url, faults=faults, message_group="standard")
+    odd = "tenant n° 7"
+    assert await p.publish([msg(1, "tenant-a"), msg(2, "tenant-b"), msg(3, odd)]) == [None] * 3
+    [sent] = faults.sends()
+    assert [e.get("MessageGroupId") for e in sent.params["Entries"]] == ["tenant-a", "tenant-b", group_id(odd)]
+    assert all("MessageDeduplicationId" not in e for e in sent.params["Entries"])  # standard queues refuse it
+    got = {r.outbox_id: r for r in receive_all(sqs_client, url)}
+    assert [got[i].system["MessageGroupId"] for i in (1, 2, 3)] == ["tenant-a", "tenant-b", group_id(odd)]
+    assert all("MessageDeduplicationId" not in r.system for r in got.values())
 
 
 async def test_concurrent_publishes_share_one_client(

@@ -10,61 +10,25 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from adapters.sqs import SqsSettings
 from adapters.sqs.publisher import SqsPublisher
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
-from relay.shared_settings import store_ordering
-from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.producers import (
+    ORDERING,
+    ORDERING_FLAGS,
     Arrival,
     CommitLog,
     LockedProducers,
     create_producer_tables,
     order_violations,
     produce_unlocked,
+    route_by,
+    seed,
 )
 from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
 from tests.sqs_server import queue_url, receive_all, unique_queue_name
-
-ORDERING = OrderingMap(default_ordered=False, ordered=("Order*",))
-ORDERING_FLAGS = ("--ordering-default", "unordered", "--ordered", "Order*")
-# One order's life: the Order* events must reach consumers in this order; the others
-# (notifications) may overtake them.
-LIFECYCLE = (
-    "OrderCreated",
-    "OrderItemAdded",
-    "OrderItemAdded",
-    "CustomerNotified",
-    "OrderPriced",
-    "OrderPaid",
-    "ReceiptEmailed",
-    "OrderPacked",
-    "OrderShipped",
-    "CustomerNotified",
-)
-
-
-async def route_by(dsn: str, names: OutboxNames, ordering: OrderingMap) -> None:
-    """Store the ordering map the relay will run with, as `relay migrate --ordered ...`
-    does: the database routes each row (ordered or not) when it is inserted, by the map
-    stored then."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await store_ordering(conn, names, ordering)
-
-
-def seed(db: Db, aggregates: int, per_aggregate: int) -> list[dict[str, Any]]:
-    """Events interleaved across aggregates, the way concurrent orders would write them."""
-    rows = []
-    for step in range(per_aggregate):
-        for a in range(aggregates):
-            event = LIFECYCLE[step % len(LIFECYCLE)]
-            rows.append((f"order-{a:03d}", event, {"order": a, "step": step, "event": event}))
-    db.insert(rows)
-    return db.rows()
 
 
 def as_message(row: dict[str, Any]) -> OutboxMessage:

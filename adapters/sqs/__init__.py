@@ -2,9 +2,10 @@
 
 ``relay start --broker sqs --queue-url URL`` (or ``RELAY_QUEUE_URL``, or ``queue_url`` in
 the ``[sqs]`` table of the config file). Credentials come from the usual AWS chain
-(environment, profile, IAM role).
+(environment, profile, IAM role). ``--sqs-message-group standard`` sends a standard queue
+the aggregate id as ``MessageGroupId`` too (SQS fair queues); FIFO queues always get it.
 
-How failures are sorted (see :mod:`adapters.sqs.classify`):
+How failures are sorted (see :mod:`adapters.aws.classify`, shared with SNS):
 
 - throttling (``RequestThrottled``, a 403; ``ThrottlingException``; ``KMS.ThrottlingException``;
   ``OverLimit``), 5xx, timeouts, dropped connections, and refused entries with
@@ -28,6 +29,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from adapters.aws.settings import warn_if_slow
 from adapters.sqs.settings import OPTIONS, SqsSettings
 from relay.contract import PublishLimits
 
@@ -45,15 +47,5 @@ def create(values: Mapping[str, Any], limits: PublishLimits) -> SqsPublisher:
     from adapters.sqs.publisher import SqsPublisher
 
     settings = SqsSettings.from_values(values, limits)
-    publish_timeout = limits.publish_timeout
-    if settings.worst_call_s() >= publish_timeout.total_seconds():
-        log.warning(
-            "one SQS call may take up to %.0fs (%d SDK attempts x (connect %gs + read %gs)), not less than"
-            " --publish-timeout %gs: slow calls will be cut off and retried by the relay",
-            settings.worst_call_s(),
-            settings.sdk_attempts,
-            settings.connect_timeout_s,
-            settings.read_timeout_s,
-            publish_timeout.total_seconds(),
-        )
+    warn_if_slow(settings, limits, log, "SQS")
     return SqsPublisher(settings)

@@ -1,14 +1,18 @@
-"""Sorting SQS and botocore failures into the relay's failure classes.
+"""Sorting SQS, SNS and botocore failures into the relay's failure classes.
 
 One table per class, checked in a fixed order, for three kinds of failure: a whole
-``SendMessageBatch`` call refused (:func:`classify_client_error`), one entry refused
-inside a successful call (:func:`classify_entry`), and no answer at all
-(:func:`classify_transport_error`).
+``SendMessageBatch`` or ``PublishBatch`` call refused (:func:`classify_client_error`), one
+entry refused inside a successful call (:func:`classify_entry`), and no answer at all
+(:func:`classify_transport_error`). The two services share most codes (the batch-shape
+ones, throttling, credentials); where SNS spells one of its own (``NotFound``,
+``AuthorizationError``, ``KMSDisabled``, ``InvalidParameter``) it sits in the same table as
+SQS's, so one classification serves both.
 
-Codes arrive in two spellings. The query protocol's (``AWS.SimpleQueueService.NonExistentQueue``,
+SQS codes arrive in two spellings. The query protocol's (``AWS.SimpleQueueService.NonExistentQueue``,
 ``KMS.DisabledException``) travel in the ``x-amzn-query-error`` header and end up in
 ``Error.Code``; the JSON protocol's shape names (``QueueDoesNotExist``, ``KmsDisabled``) end
-up in ``Error.QueryErrorCode`` (botocore's naming is inverted). Both are looked up.
+up in ``Error.QueryErrorCode`` (botocore's naming is inverted). Both are looked up. SNS
+speaks the query protocol only: its code is ``Error.Code``.
 
 The HTTP status decides nothing on its own: SQS answers throttling with a 403
 (``RequestThrottled``), so "4xx is permanent" would send throttled messages to 'dead'.
@@ -36,18 +40,21 @@ from botocore.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from mypy_boto3_sqs.type_defs import BatchResultErrorEntryTypeDef
+    from mypy_boto3_sns.type_defs import BatchResultErrorEntryTypeDef as SnsEntryError
+    from mypy_boto3_sqs.type_defs import BatchResultErrorEntryTypeDef as SqsEntryError
 
 FaultKind = Literal["retry", "permanent", "outage", "split"]
 """``retry``: transient, the attempt counts (RetryableError).
 ``permanent``: this message can never go (PermanentError), once it has been sent alone.
-``outage``: the queue refuses every message, whatever the message (BrokerUnavailable).
+``outage``: the queue or topic refuses every message, whatever the message (BrokerUnavailable).
 ``split``: the request was badly shaped by the relay itself; send its entries in smaller requests."""
 
-# Too many requests for SQS or for the queue's KMS key: wait and try again.
+# Too many requests for SQS, SNS or the destination's KMS key: wait and try again.
 THROTTLING = frozenset(
     {
         "RequestThrottled",
+        "Throttled",  # SNS
+        "KMSThrottling",  # SNS
         "ThrottlingException",
         "Throttling",
         "ThrottledException",
@@ -60,7 +67,7 @@ THROTTLING = frozenset(
     }
 )
 
-# SQS's own trouble (also any 5xx), and a KMS key that is only momentarily unavailable.
+# The service's own trouble (also any 5xx), and a KMS key that is only momentarily unavailable.
 SERVER = frozenset(
     {
         "InternalError",
@@ -75,9 +82,10 @@ SERVER = frozenset(
     }
 )
 
-# The queue, its key or the credentials are wrong: every message would fail the same way,
-# so none is the message's fault and none may go to 'dead' for it.
+# The queue or topic, its key or the credentials are wrong: every message would fail the
+# same way, so none is the message's fault and none may go to 'dead' for it.
 QUEUE_MISSING = frozenset({"NonExistentQueue", "QueueDoesNotExist"})
+TOPIC_MISSING = frozenset({"NotFound", "NotFoundException"})  # SNS
 CREDENTIALS = frozenset(
     {
         "InvalidClientTokenId",
@@ -91,9 +99,10 @@ CREDENTIALS = frozenset(
         "AuthFailure",
     }
 )
-ACCESS_DENIED = frozenset({"AccessDenied", "AccessDeniedException"})
+ACCESS_DENIED = frozenset({"AccessDenied", "AccessDeniedException", "AuthorizationError"})
 OUTAGE = (
     QUEUE_MISSING
+    | TOPIC_MISSING
     | CREDENTIALS
     | ACCESS_DENIED
     | frozenset(
@@ -110,6 +119,12 @@ OUTAGE = (
             "KMS.InvalidKeyUsageException",
             "KmsOptInRequired",
             "KMS.OptInRequired",
+            # SNS's spellings of the same KMS faults
+            "KMSDisabled",
+            "KMSNotFound",
+            "KMSAccessDenied",
+            "KMSInvalidState",
+            "KMSOptInRequired",
             "InvalidSecurity",
             "InvalidAddress",
             "OptInRequired",
@@ -131,7 +146,7 @@ REQUEST_SHAPE = frozenset(
     }
 )
 
-# Something in a message SQS will never take: too long, characters outside its allowed
+# Something in a message SQS or SNS will never take: too long, characters outside its allowed
 # set, an attribute or parameter it refuses. When a whole request is refused for this the
 # culprit is unknown, so a request of several entries is split until it is found.
 CONTENT = frozenset(
@@ -139,6 +154,8 @@ CONTENT = frozenset(
         "InvalidMessageContents",
         "MessageTooLong",
         "InvalidParameterValue",
+        "InvalidParameter",  # SNS
+        "ParameterValueInvalid",  # SNS
         "InvalidParameterCombination",
         "InvalidParameterException",
         "MissingParameter",
@@ -150,12 +167,12 @@ CONTENT = frozenset(
     }
 )
 
-_PREFIXES = ("AWS.SimpleQueueService.", "com.amazonaws.sqs#")
+_PREFIXES = ("AWS.SimpleQueueService.", "com.amazonaws.sqs#", "com.amazonaws.sns#")
 
 
 @dataclass(frozen=True)
 class Fault:
-    """One classified failure: its class, the code that decided it, and SQS's words."""
+    """One classified failure: its class, the code that decided it, and the service's words."""
 
     kind: FaultKind
     code: str
@@ -181,7 +198,7 @@ def _first(codes: Iterable[str], table: frozenset[str]) -> str | None:
 
 
 def classify_client_error(exc: ClientError) -> Fault:
-    """Classify a ``SendMessageBatch`` (or ``GetQueueAttributes``) call SQS refused as a whole."""
+    """Classify a call (``SendMessageBatch``, ``PublishBatch``, the start-up probes) refused as a whole."""
     error = exc.response.get("Error", {})
     # QueryErrorCode is botocore's addition, outside the typed shape of Error.
     raw = [error.get("Code"), dict(error).get("QueryErrorCode")]
@@ -204,12 +221,12 @@ def classify_client_error(exc: ClientError) -> Fault:
     return Fault("retry", code, detail or f"HTTP {status}")
 
 
-def classify_entry(entry: BatchResultErrorEntryTypeDef) -> Fault:
-    """Classify one ``Failed`` entry of a successful ``SendMessageBatch`` call.
+def classify_entry(entry: SqsEntryError | SnsEntryError) -> Fault:
+    """Classify one ``Failed`` entry of a successful ``SendMessageBatch`` or ``PublishBatch`` call.
 
     Known codes decide first, because SQS has reported throttling with ``SenderFault``
     true; for any other code ``SenderFault`` decides: the sender's fault is permanent,
-    SQS's is retryable.
+    the service's is retryable.
     """
     code = normalize(entry.get("Code")) or "UnknownError"
     detail = str(entry.get("Message", "")).strip()
@@ -227,11 +244,11 @@ def classify_entry(entry: BatchResultErrorEntryTypeDef) -> Fault:
 
 
 def classify_transport_error(exc: BotoCoreError) -> Fault:
-    """Classify a call that got no answer from SQS (or never left the client).
+    """Classify a call that got no answer from SQS or SNS (or never left the client).
 
     Timeouts and dropped connections are retryable: the call may or may not have reached
-    SQS (a FIFO queue collapses the resend; standard-queue consumers de-duplicate by
-    ``outbox_id``). An endpoint that cannot be connected to at all (refused, DNS, TLS,
+    the service (a FIFO queue or topic collapses the resend; other consumers de-duplicate
+    by ``outbox_id``). An endpoint that cannot be connected to at all (refused, DNS, TLS,
     proxy) and missing credentials are outages: no message is at fault, so none may
     spend attempts towards 'dead' while it lasts.
     """

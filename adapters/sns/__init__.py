@@ -1,0 +1,54 @@
+"""The ``sns`` broker: delivers outbox messages to an AWS SNS topic, standard or FIFO.
+
+``relay start --broker sns --topic-arn ARN`` (or ``RELAY_TOPIC_ARN``, or ``topic_arn`` in
+the ``[sns]`` table of the config file); ``--region`` and ``--endpoint-url`` as for SQS.
+Credentials come from the usual AWS chain (environment, profile, IAM role).
+
+Messages go out with ``PublishBatch``, ten at a time within SNS's 256 KiB per request,
+carrying the payload as the message and the envelope as message attributes (the same as
+SQS's: :mod:`adapters.aws.entries`). A FIFO topic (its name ends in ``.fifo``) gets
+``MessageGroupId`` = aggregate id and ``MessageDeduplicationId`` = outbox id.
+
+How failures are sorted (:mod:`adapters.aws.classify`, shared with SQS):
+
+- throttling (``Throttled``, ``ThrottlingException``, ``KMSThrottling``), 5xx, timeouts,
+  dropped connections, and refused entries with ``SenderFault`` false: **retryable**;
+- a message too long, an invalid parameter or attribute (``InvalidParameter``,
+  ``InvalidParameterValue``), and refused entries with ``SenderFault`` true: **permanent**
+  for that message only;
+- a missing topic (``NotFound``), ``AuthorizationError``, a disabled or missing KMS key,
+  rejected credentials, an endpoint refusing connections: **broker unavailable**, for every
+  message of the batch; no attempt is spent, and a topic created later is used within seconds;
+- requests the relay built wrong (``TooManyEntriesInBatchRequest``, ``BatchRequestTooLong``,
+  ``BatchEntryIdsNotDistinct``): split in two and resent.
+
+The AWS SDK is imported only when the broker is used; this module and its options load
+without it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from adapters.aws.settings import warn_if_slow
+from adapters.sns.settings import OPTIONS, SnsSettings
+from relay.contract import PublishLimits
+
+if TYPE_CHECKING:
+    from adapters.sns.publisher import SnsPublisher
+
+__all__ = ["OPTIONS", "SnsSettings", "create"]
+
+log = logging.getLogger("adapters.sns")
+
+
+def create(values: Mapping[str, Any], limits: PublishLimits) -> SnsPublisher:
+    """Build the publisher from resolved option values and the core's limits;
+    ``relay.ConfigError`` on bad settings."""
+    from adapters.sns.publisher import SnsPublisher
+
+    settings = SnsSettings.from_values(values, limits)
+    warn_if_slow(settings, limits, log, "SNS")
+    return SnsPublisher(settings)
