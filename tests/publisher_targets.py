@@ -37,6 +37,8 @@ import pytest
 
 from adapters.log import LogPublisher
 from adapters.memory import InMemoryPublisher
+from adapters.sns.publisher import SnsPublisher
+from adapters.sns.settings import SnsSettings
 from adapters.sqs.publisher import SqsPublisher
 from adapters.sqs.settings import SqsSettings
 from relay.contract import Publisher
@@ -335,6 +337,57 @@ class SqsTarget(Target):
         return await read_queue(self._sqs, self.url, expected)
 
 
+class SnsTarget(Target):
+    """A topic of the test's own on moto, standard or FIFO, with an SQS queue subscribed by
+    raw delivery (so the message attributes arrive as the queue's); the missing
+    destination is a topic ARN nobody created."""
+
+    REAL_BROKER = True
+    FIXTURES = ("moto_endpoint", "sqs_client", "make_topic")
+    OVERSIZED = "over the adapter's message size limit"
+    REFUSALS = (OVERSIZED,)
+    MAX_MESSAGE_SIZE = 16 * 1024
+
+    def __init__(self, name: str, fixtures: Mapping[str, Any], *, fifo: bool) -> None:
+        super().__init__(name, fixtures)
+        self._endpoint: str = fixtures["moto_endpoint"]
+        self._sqs: Any = fixtures["sqs_client"]
+        self._make_topic: Any = fixtures["make_topic"]
+        self._fifo = fifo
+        self._topic: Any = None
+
+    @property
+    def topic(self) -> Any:
+        if self._topic is None:
+            self._topic = self._make_topic(fifo=self._fifo)
+        return self._topic
+
+    def _on(self, arn: str) -> SnsPublisher:
+        settings = SnsSettings(
+            topic_arn=arn,
+            region="us-east-1",
+            endpoint_url=self._endpoint,
+            sdk_attempts=1,  # a retried call that reached moto would be a duplicate
+            read_timeout_s=10.0,
+            max_message_bytes=self.MAX_MESSAGE_SIZE,
+        )
+        return SnsPublisher(settings, session=boto3.session.Session())
+
+    async def _start_publisher(self) -> Publisher:
+        return await _started(self._on(self.topic.arn))
+
+    async def _start_missing(self) -> Publisher:
+        name = f"missing-{unique('t')}" + (".fifo" if self._fifo else "")
+        return await _started(self._on(f"arn:aws:sns:us-east-1:123456789012:{name}"))
+
+    def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
+        assert kind == self.OVERSIZED, kind
+        return replace(message, body=_blob(self.MAX_MESSAGE_SIZE + 1))
+
+    async def read_delivered(self, expected: int) -> list[Delivered]:
+        return await read_queue(self._sqs, self.topic.queue_url, expected)
+
+
 async def read_queue(sqs_client: Any, url: str, expected: int) -> list[Delivered]:
     """What an SQS consumer of ``url`` got since the last read (read and deleted), the
     attributes typed back by their DataType. Also for a queue subscribed to an SNS topic
@@ -379,4 +432,6 @@ TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("rabbitmq", RabbitTarget),
     TargetSpec("sqs-standard", SqsTarget, {"fifo": False}),
     TargetSpec("sqs-fifo", SqsTarget, {"fifo": True}),
+    TargetSpec("sns-standard", SnsTarget, {"fifo": False}),
+    TargetSpec("sns-fifo", SnsTarget, {"fifo": True}),
 )

@@ -197,3 +197,44 @@ async def test_rabbitmq_routes_each_event_family_to_its_exchange_with_its_routin
     assert {m.routing_key for m in to_orders} == {"OrderPlaced"}
     first = [Arrival(int(m.message_id or 0), str(m.headers["aggregate_id"])) for m in to_customers]
     assert order_violations(log.expected(), first) == []
+
+
+def test_one_relay_routes_to_two_queues_and_an_sns_topic(
+    pg_dsn: str,
+    db: Db,
+    moto_endpoint: str,
+    sqs_client: Any,
+    make_topic: Any,
+    relays: list[RelayProcess],
+    tmp_path: Path,
+) -> None:
+    orders = create_queue(sqs_client, unique_queue_name(fifo=True))
+    rest = create_queue(sqs_client, unique_queue_name(fifo=True))  # the default destination
+    invoices = make_topic(fifo=True)  # read through the queue subscribed to it
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'[[routes]]\nmatch = ["Order*"]\nqueue_url = "{orders}"\n\n'
+        f'[[routes]]\nmatch = ["Invoice*"]\ntopic_arn = "{invoices.arn}"\n\n'
+        f'[sqs]\nqueue_url = "{rest}"\nendpoint_url = "{moto_endpoint}"\nregion = "us-east-1"\n'
+    )
+    aggregates = [f"acct-{i}" for i in range(5)]
+    create_producer_tables(pg_dsn, db.names, aggregates)
+    logs = {kind: CommitLog() for kind in ("OrderUpdated", "InvoiceIssued", "EmailQueued")}
+    relay = RelayProcess(
+        "start", "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "sqs",
+        "--poll-interval", "100ms", env=relay_env(),
+    )  # fmt: skip
+    relays.append(relay)
+    for seed, (kind, log) in enumerate(logs.items()):
+        LockedProducers(pg_dsn, db.names, aggregates, log, threads=2, seed=seed, event_type=kind).run(8)
+    total = len(db.rows())
+    assert wait_until(lambda: db.statuses() == {"done": total}, timeout=30), (db.statuses(), relay.stderr()[-2000:])
+    relay.stop()
+    relay.assert_clean_exit()
+
+    for kind, url in (("OrderUpdated", orders), ("InvoiceIssued", invoices.queue_url), ("EmailQueued", rest)):
+        got = receive_all(sqs_client, url)
+        assert {m.attributes["event_type"] for m in got} == {kind}, url  # at its destination only
+        assert {m.outbox_id for m in got} == logs[kind].ids()
+        first = [Arrival(m.outbox_id, m.attributes["aggregate_id"]) for m in got]
+        assert order_violations(logs[kind].expected(), first) == []
