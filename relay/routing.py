@@ -23,7 +23,7 @@ from relay.backoff import Backoff
 from relay.contract import Outcome, Publisher
 from relay.errors import BrokerUnavailable, DestinationUnavailable, first_line
 from relay.message import OutboxMessage
-from relay.routes import Router
+from relay.routes import MAX_REMEMBERED, Router
 
 log = logging.getLogger("relay.routing")
 
@@ -187,6 +187,8 @@ class RoutedPublisher:
 
     def _no_destination(self, event_type: str) -> DestinationUnavailable:
         if event_type not in self._unrouted_said:
+            if len(self._unrouted_said) >= MAX_REMEMBERED:  # a new type per message: say it again later
+                self._unrouted_said.clear()
             self._unrouted_said.add(event_type)
             log.error(
                 "no destination for event type %r: no route takes it and no default destination is set;"

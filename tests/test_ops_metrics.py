@@ -100,6 +100,9 @@ def test_counters_by_event_type_and_outcome() -> None:
     assert value("outbox_relay_claim_seconds_count") == 1
     assert value("outbox_relay_publish_seconds_bucket", le="0.25") == 1
     assert value("outbox_relay_circuit_open", destination="all") == 1
+    m.set_destination_open("https://sqs.example/1/orders", True)  # a route's own breaker
+    assert value("outbox_relay_circuit_open", destination="https://sqs.example/1/orders") == 1
+    assert value("outbox_relay_circuit_open", destination="all") == 1
     with pytest.raises(ValueError, match="unknown outcome"):
         m.messages("OrderPaid", "exploded")
     with pytest.raises(ValueError, match="unknown failure class"):

@@ -105,7 +105,10 @@ class Clock:
         return self.now
 
 
-def routed(refusing: bool = True) -> tuple[RoutedPublisher, InMemoryPublisher, InMemoryPublisher, Clock]:
+Routed = tuple[RoutedPublisher, InMemoryPublisher, InMemoryPublisher, Clock, list[tuple[str, bool]]]
+
+
+def routed(refusing: bool = True) -> Routed:
     routes = routes_from([{"match": ["Order*"], "queue_url": ORDERS}, {"match": ["Invoice*"], "queue_url": INVOICES}])
     down = BrokerUnavailable("SQS queue orders unavailable: NonExistentQueue")
     orders = InMemoryPublisher(script=(lambda m: down) if refusing else None)
@@ -114,11 +117,12 @@ def routed(refusing: bool = True) -> tuple[RoutedPublisher, InMemoryPublisher, I
     changes: list[tuple[str, bool]] = []
     publisher = RoutedPublisher(Router(routes, has_default=False), [orders, invoices], None, clock=clock)
     publisher.watch_destinations(lambda name, is_open: changes.append((name, is_open)))
-    return publisher, orders, invoices, clock
+    return publisher, orders, invoices, clock, changes
 
 
 async def test_a_refusing_destination_pauses_alone_and_is_probed_with_one_message() -> None:
-    publisher, orders, invoices, clock = routed()
+    publisher, orders, invoices, clock, changes = routed()
+    assert changes == [(ORDERS, False), (INVOICES, False)]  # the metrics start at 0 for each
     batch = [message(1, "OrderPlaced"), message(2, "InvoiceSent"), message(3, "OrderPaid", "b")]
     outcomes = await publisher.publish(batch)
     assert outcomes[1] is None and [m.id for m in invoices.delivered] == [2]
@@ -141,6 +145,8 @@ async def test_a_refusing_destination_pauses_alone_and_is_probed_with_one_messag
     assert outcomes[0] is None and not publisher.health(0).is_open
     outcomes = await publisher.publish(batch)
     assert outcomes == [None, None, None]
+    # outbox_relay_circuit_open{destination=...}: the refusing one opened and closed once.
+    assert changes[2:] == [(ORDERS, True), (ORDERS, False)]
 
 
 async def test_a_message_without_a_destination_waits_with_one_error_line_per_event_type(
