@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 
@@ -28,6 +30,8 @@ class OutboxMessage:
     # The message's position in its aggregate's ordered sequence: 1, 2, 3, ... in commit
     # order, without gaps. None for unordered messages.
     aggregate_seq: int | None = None
+    # The producer's own headers (the row's headers column), checked by producer_headers.
+    headers: Mapping[str, str] | None = field(default=None, compare=False)
 
     def payload(self) -> Any:
         """The payload decoded from JSON (tests and simple publishers)."""
@@ -48,11 +52,50 @@ class OutboxMessage:
         }
         if self.aggregate_seq is not None:
             fields["aggregate_seq"] = self.aggregate_seq
+        if self.headers:
+            # The producer's first, so that nothing of theirs can stand in for the relay's
+            # (producer_headers refuses the relay's names anyway).
+            fields = {**self.headers, **fields}
         return fields
 
     def log_fields(self) -> dict[str, Any]:
         """The fields every log line about this message carries."""
         return log_fields(self.id, self.aggregate_id, self.event_type, self.lease_version)
+
+
+# The names the relay sends itself; a producer header may not take one (``replay`` marks a
+# re-published message, relay replay).
+RELAY_HEADERS = frozenset(
+    {"outbox_id", "aggregate_type", "aggregate_id", "event_type", "attempt", "lease_version", "aggregate_seq", "replay"}
+)
+# A header name: what AMQP (a short string) and SQS/SNS (letters, digits, _ - .; at most 256
+# characters, not starting with AWS. or Amazon.) both take.
+_HEADER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+MAX_HEADER_VALUE_CHARS = 4096
+
+
+def producer_headers(value: Any) -> dict[str, str] | None:
+    """The producer's headers of a claimed row as the relay sends them, or None when the
+    row has none; ValueError, saying why, for headers the relay refuses (the message then
+    goes to dead alone): not a JSON object, a value that is not a string, a name brokers
+    refuse or one of the relay's own (:data:`RELAY_HEADERS`)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"headers must be a JSON object of string values, not {type(value).__name__}")
+    for name, text in value.items():
+        if name in RELAY_HEADERS:
+            raise ValueError(f"header {name!r} is one of the relay's own and cannot be set by a producer")
+        if not _HEADER_NAME.fullmatch(name) or name.lower().startswith(("aws.", "amazon.")):
+            raise ValueError(
+                f"header name {name[:80]!r} is not one brokers take (letters, digits, _ - . only, at most 255;"
+                " not starting with AWS. or Amazon.)"
+            )
+        if not isinstance(text, str):
+            raise ValueError(f"header {name!r} must be a string, not {type(text).__name__}")
+        if not text or len(text) > MAX_HEADER_VALUE_CHARS:
+            raise ValueError(f"header {name!r} must be 1 to {MAX_HEADER_VALUE_CHARS} characters")
+    return dict(value) or None
 
 
 def log_fields(outbox_id: int, aggregate_id: str, event_type: str, lease_version: int) -> dict[str, Any]:

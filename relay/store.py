@@ -8,6 +8,7 @@ returns it before any broker call is made.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from relay.db import configure_session
 from relay.dbtext import SQL_ASCII, not_utf8, not_utf8_bytes, readable, server_encoding, storable
 from relay.dsn import mask
-from relay.message import Decision, OutboxMessage
+from relay.message import Decision, OutboxMessage, producer_headers
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 
@@ -70,8 +71,9 @@ class Reaped:
 
 @dataclass(frozen=True)
 class Unreadable:
-    """A claimed row whose text is not UTF-8, which only a SQL_ASCII database lets in (it
-    stores bytes unchecked). It cannot become a message, so it goes to dead alone."""
+    """A claimed row that cannot become a message, so it goes to dead alone: its text is
+    not UTF-8, which only a SQL_ASCII database lets in (it stores bytes unchecked), or its
+    producer headers are refused (relay.message.producer_headers)."""
 
     message: OutboxMessage  # its text with the offending bytes as \xe9, for logs and metrics
     reason: str
@@ -310,7 +312,7 @@ def _message(row: Sequence[Any], body: bytes, *, exact: bool = False) -> OutboxM
     payload holds bytes that are not UTF-8. ``body`` is its payload (read afterwards when
     the row was over the byte budget)."""
     (outbox_id, aggregate_type, aggregate_id, event_type, _payload, attempts, lease_version, age_s, ordered,
-     aggregate_seq, _bytes) = row  # fmt: skip
+     aggregate_seq, _bytes, raw_headers) = row  # fmt: skip
     texts = (aggregate_type, aggregate_id, event_type)
     problem = None
     if exact:
@@ -320,6 +322,12 @@ def _message(row: Sequence[Any], body: bytes, *, exact: bool = False) -> OutboxM
             problem = ("payload", where)
     if problem is not None:
         texts = (readable(texts[0]), readable(texts[1]), readable(texts[2]))
+    headers, refused = None, None
+    try:
+        # jsonb comes as its JSON text here, as the payload does (_PayloadLoader).
+        headers = producer_headers(None if raw_headers is None else json.loads(raw_headers))
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError (SQL_ASCII) included
+        refused = str(exc)
     message = OutboxMessage(
         id=outbox_id,
         aggregate_type=texts[0],
@@ -331,9 +339,12 @@ def _message(row: Sequence[Any], body: bytes, *, exact: bool = False) -> OutboxM
         age_s=age_s,
         ordered=ordered,
         aggregate_seq=aggregate_seq,
+        headers=headers,
     )
-    if problem is None:
+    if problem is None and refused is None:
         return message
+    if problem is None:
+        return Unreadable(message, f"the producer's headers are refused: {refused}")
     column, where = problem
     return Unreadable(
         message,

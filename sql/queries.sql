@@ -169,7 +169,7 @@ UPDATE {outbox} AS o
 RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type,
           CASE WHEN picked.bytes <= %(budget)s THEN o.payload END AS payload,
           o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
-          false AS ordered, o.aggregate_seq, picked.bytes;
+          false AS ordered, o.aggregate_seq, picked.bytes, o.headers;
 
 -- claim_ordered --
 -- Lease ready heads of aggregates: the earliest unfinished ordered row of each, never a row behind a pending, processing or dead one; in claim order while their payloads fit the byte budget, the first whatever its size with oversize (as claim_unordered).
@@ -217,7 +217,7 @@ UPDATE {outbox} AS o
 RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type,
           CASE WHEN picked.bytes <= %(budget)s THEN o.payload END AS payload,
           o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
-          true AS ordered, o.aggregate_seq, picked.bytes;
+          true AS ordered, o.aggregate_seq, picked.bytes, o.headers;
 
 -- payload_of --
 -- The payload of one claimed row that was over the byte budget, while the lease is still ours.

@@ -1,5 +1,5 @@
 -- The schema of one outbox as an empty schema holds it after every migration (0001 to
--- 0009), in one file to read: each object in its final form, with why it is there. Objects
+-- 0010), in one file to read: each object in its final form, with why it is there. Objects
 -- a later migration dropped are absent, functions appear in their last version, and what
 -- only converted existing rows (back-fills, renumbering) is left out: there are none here.
 --
@@ -63,6 +63,9 @@ CREATE TABLE {outbox} (
     -- payloads it does not take. NULL for rows inserted with triggers off, which are
     -- counted by their stored size.
     payload_bytes  integer,
+    -- Producers' own headers (0010): a JSON object of string values, each sent as an AMQP
+    -- header or SQS/SNS message attribute; checked when claimed (relay.message.producer_headers).
+    headers        jsonb,
 
     CONSTRAINT {n_status_check} CHECK (status IN ('pending', 'processing', 'done', 'dead')),
     CONSTRAINT {n_attempts_check} CHECK (attempts >= 0),
@@ -433,4 +436,5 @@ INSERT INTO {q_migrations} (version, name) VALUES
     (6, 'payload_bytes'),
     (7, 'idle_wakeups'),
     (8, 'cheap_inserts'),
-    (9, 'unfinished_ordered');
+    (9, 'unfinished_ordered'),
+    (10, 'headers');

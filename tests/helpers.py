@@ -117,6 +117,7 @@ def outbox_message(
     body: bytes | None = None,
     ordered: bool = False,
     aggregate_seq: int | None = None,
+    headers: dict[str, str] | None = None,
 ) -> OutboxMessage:
     """An outbox message as a claim gives it to an adapter: the payload ``{"n": id}`` by default,
     attempt 2 and lease version 7 (so a test sees them carried, not defaulted)."""
@@ -131,4 +132,5 @@ def outbox_message(
         lease_version=7,
         ordered=ordered,
         aggregate_seq=aggregate_seq,
+        headers=headers,
     )

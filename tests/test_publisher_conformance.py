@@ -123,6 +123,23 @@ async def test_a_confirmed_message_arrives_once_with_every_envelope_field(target
     assert_arrived_once(await target.read_delivered(12), batch)
 
 
+async def test_producer_headers_arrive_beside_the_relays_and_trace_context_unchanged(target: Target) -> None:
+    # Producers' own headers (the headers column): each an AMQP header or SQS/SNS message
+    # attribute; W3C trace context passes through as written. Three headers fill an ordered
+    # message's AWS attributes to their limit of 10.
+    publisher = await target.make_publisher()
+    headers = {
+        "tenant": "t-1",
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "tracestate": "vendor=opaque,other=x",
+    }
+    batch = [replace(m, headers=dict(headers)) for m in batch_of(4, "hdr")]
+    assert list(await publisher.publish(batch)) == [None] * 4
+    delivered = await target.read_delivered(4)
+    assert_arrived_once(delivered, batch)
+    assert all(d.envelope["traceparent"] == headers["traceparent"] for d in delivered)
+
+
 async def test_a_permanent_failure_leaves_its_neighbours_retryable_or_delivered(target: Target) -> None:
     target.require("permanent_failure")
     publisher = await target.make_publisher()

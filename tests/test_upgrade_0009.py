@@ -1,5 +1,6 @@
-"""`relay migrate` from 0008 to 0009 (one definition of an aggregate's unfinished ordered
-rows), in place, with an aggregate mid-way: its head moves on as before."""
+"""`relay migrate` from 0008 through 0009 (one definition of an aggregate's unfinished
+ordered rows), in place, with an aggregate numbered and its head offered before the
+upgrade: its head moves on as before."""
 
 from __future__ import annotations
 
@@ -42,17 +43,20 @@ async def test_heads_move_on_in_order_across_the_upgrade(
             ).fetchall()
         ]
     store = OutboxStore(pool, names)
-    first = await store.claim(owner="old", batch=10, lease=LEASE, max_attempts=3)
-    assert [m.id for m in first.messages] == ids[:1]  # numbered and leased before the upgrade
+    # Numbered, and the first row offered as head, before the upgrade (the ingest's
+    # statements read nothing 0009 or later changed; today's claim reads 0010's column).
+    async with pool.connection() as conn, conn.transaction():
+        numbered, _ = await store._ingest(conn)
+    assert numbered == 3
 
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         result = await migrate(conn, names)
-    assert result.applied == ["0009_unfinished_ordered"]
+    assert result.applied[:1] == ["0009_unfinished_ordered"]  # and whatever came after it
 
-    # The head leased under 0008 finishes under 0009: the heads trigger, now reading the
-    # function, hands the aggregate to the next number, and so on to the end.
+    # The head offered under 0008 is claimed and finishes under 0009: the heads trigger, now
+    # reading the function, hands the aggregate to the next number, and so on to the end.
     delivered = []
-    leased = first.messages
+    leased = (await store.claim(owner="new", batch=10, lease=LEASE, max_attempts=3)).messages
     while leased:
         assert len(leased) == 1, "only the head of an aggregate may be in flight"
         delivered.append(leased[0].id)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from relay.errors import PermanentError
-from relay.message import OutboxMessage
+from relay.message import RELAY_HEADERS, OutboxMessage
 
 # Characters SQS and SNS accept in bodies and attribute values (XML 1.0's Char production).
 _REFUSED_CHARS = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -71,8 +71,13 @@ def group_id(aggregate_id: str) -> str:
     return "sha256-" + hashlib.sha256(aggregate_id.encode()).hexdigest()
 
 
+# Message attributes one SQS message or SNS notification may carry.
+MAX_ATTRIBUTES = 10
+
+
 def attributes(message: OutboxMessage) -> tuple[tuple[str, str, str], ...]:
-    """The envelope as message attributes (7 of the 10 AWS allows)."""
+    """The envelope as message attributes: the relay's 6 or 7, and the producer's headers
+    (as String attributes; :data:`MAX_ATTRIBUTES` in all)."""
     return tuple(
         (name, "Number" if isinstance(value, int) else "String", str(value))
         for name, value in message.envelope().items()
@@ -95,6 +100,12 @@ def check(message: OutboxMessage, *, max_bytes: int, service: str, destination: 
     ``service`` ("SQS") and ``destination`` ("the SQS queue") name them in the errors.
     """
     attrs = attributes(message)
+    if len(attrs) > MAX_ATTRIBUTES:
+        extra = len(attrs) - sum(1 for name, _, _ in attrs if name in RELAY_HEADERS)
+        return PermanentError(
+            f"{len(attrs)} message attributes ({extra} from the producer's headers); {service} allows at most"
+            f" {MAX_ATTRIBUTES}, so a message carries at most {MAX_ATTRIBUTES - len(attrs) + extra} producer headers"
+        )
     size = message_size(message.body, attrs)
     if size > max_bytes:
         return PermanentError(f"message is {size} bytes with its attributes; {destination} takes at most {max_bytes}")
