@@ -64,9 +64,19 @@ class OutboxMessage:
 
 
 # The names the relay sends itself; a producer header may not take one (``replay`` marks a
-# re-published message, relay replay).
+# re-published message, relay replay; ``payload`` is the log broker's key for the body).
 RELAY_HEADERS = frozenset(
-    {"outbox_id", "aggregate_type", "aggregate_id", "event_type", "attempt", "lease_version", "aggregate_seq", "replay"}
+    {
+        "outbox_id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "attempt",
+        "lease_version",
+        "aggregate_seq",
+        "replay",
+        "payload",
+    }
 )
 # A header name: what AMQP (a short string) and SQS/SNS (letters, digits, _ - .; at most 256
 # characters, not starting with AWS. or Amazon.) both take.
