@@ -352,3 +352,44 @@ def seed(db: Db, aggregates: int, per_aggregate: int) -> list[dict[str, Any]]:
             rows.append((f"order-{a:03d}", event, {"order": a, "step": step, "event": event}))
     db.insert(rows)
     return db.rows()
+
+
+def producers_both_ways(
+    dsn: str,
+    names: OutboxNames,
+    *,
+    locked_aggregates: list[str],
+    unlocked_aggregates: list[str],
+    locked_tx: int,
+    unlocked_rounds: int,
+    seeds: tuple[int, int],
+    locked_options: dict[str, Any] | None = None,
+    unlocked_options: dict[str, Any] | None = None,
+) -> tuple[CommitLog, CommitLog, threading.Thread]:
+    """Producers that lock their aggregates (three threads, the design reference's pattern)
+    and producers that do not (one thread driving three connections), on aggregates of
+    their own, started in the background: their commit logs (the order oracles) and the
+    thread to join. ``*_options`` go to :class:`LockedProducers` and :func:`produce_unlocked`."""
+    create_producer_tables(dsn, names, locked_aggregates)
+    locked, unlocked = CommitLog(), CommitLog()
+    producers = LockedProducers(
+        dsn, names, locked_aggregates, locked, threads=3, seed=seeds[0], **(locked_options or {})
+    )
+
+    def produce() -> None:
+        both = [
+            threading.Thread(target=producers.run, args=(locked_tx,)),
+            threading.Thread(
+                target=produce_unlocked,
+                args=(dsn, names, unlocked_aggregates, unlocked),
+                kwargs={"rounds": unlocked_rounds, "seed": seeds[1], **(unlocked_options or {})},
+            ),
+        ]
+        for t in both:
+            t.start()
+        for t in both:
+            t.join()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    return locked, unlocked, thread

@@ -48,7 +48,7 @@ from tests.producers import (
     CommitLog,
     LockedProducers,
     create_producer_tables,
-    produce_unlocked,
+    producers_both_ways,
 )
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, unique
 from tests.relay_process import RelayProcess, assert_clean_exits, relay_env, wait_until
@@ -165,36 +165,21 @@ def ordered_rows(db: Db, ids: list[int]) -> list[tuple[str, int]]:
     return [(rows[i]["aggregate_id"], i) for i in ids if fnmatch.fnmatchcase(rows[i]["event_type"], ORDERED)]
 
 
-def producers_both_ways(
+def fleet_producers(
     pg_dsn: str, names: OutboxNames, seed: int, *, locked_tx: int, unlocked_rounds: int
 ) -> tuple[CommitLog, CommitLog, threading.Thread]:
-    """Producers that lock their aggregates (three threads) and producers that do not (one
-    thread driving three connections), on separate aggregates, started in the background."""
-    locked_aggs = [f"order-L{i}" for i in range(12)]
-    unlocked_aggs = [f"order-U{i}" for i in range(8)]
-    create_producer_tables(pg_dsn, names, locked_aggs)
-    locked, unlocked = CommitLog(), CommitLog()
-    producers = LockedProducers(
-        pg_dsn, names, locked_aggs, locked, threads=3, unordered_type="EmailQueued", seed=seed, pause_s=0.02
+    """The fault scenarios' producers, both ways (tests.producers.producers_both_ways)."""
+    return producers_both_ways(
+        pg_dsn,
+        names,
+        locked_aggregates=[f"order-L{i}" for i in range(12)],
+        unlocked_aggregates=[f"order-U{i}" for i in range(8)],
+        locked_tx=locked_tx,
+        unlocked_rounds=unlocked_rounds,
+        seeds=(seed, seed),
+        locked_options={"unordered_type": "EmailQueued", "pause_s": 0.02},
+        unlocked_options={"pause_s": (0.0, 0.25)},
     )
-
-    def produce() -> None:
-        both = [
-            threading.Thread(target=producers.run, args=(locked_tx,)),
-            threading.Thread(
-                target=produce_unlocked,
-                args=(pg_dsn, names, unlocked_aggs, unlocked),
-                kwargs={"rounds": unlocked_rounds, "seed": seed, "pause_s": (0.0, 0.25)},
-            ),
-        ]
-        for t in both:
-            t.start()
-        for t in both:
-            t.join()
-
-    thread = threading.Thread(target=produce)
-    thread.start()
-    return locked, unlocked, thread
 
 
 def merged(*logs: CommitLog) -> dict[str, list[int]]:
@@ -258,7 +243,7 @@ async def test_crashes_killed_sessions_with_locking_and_unlocked_producers(
     for _ in range(3):
         fleet.start()
 
-    locked, unlocked, producing = producers_both_ways(pg_dsn, names, seed, locked_tx=60, unlocked_rounds=40)
+    locked, unlocked, producing = fleet_producers(pg_dsn, names, seed, locked_tx=60, unlocked_rounds=40)
     stranded = await run_chaos(fleet, rng, pg_dsn, db, seconds=12)
     await asyncio.to_thread(producing.join)
     await wait_all_done(db, len(db.rows()))
@@ -459,7 +444,7 @@ async def test_sqs_crashes_killed_sessions_with_locking_and_unlocked_producers(
     try:
         for _ in range(3):
             fleet.start()
-        locked, unlocked, producing = producers_both_ways(pg_dsn, names, seed, locked_tx=35, unlocked_rounds=25)
+        locked, unlocked, producing = fleet_producers(pg_dsn, names, seed, locked_tx=35, unlocked_rounds=25)
         await run_chaos(fleet, rng, pg_dsn, db, seconds=10)
         await asyncio.to_thread(producing.join)
         await wait_all_done(db, len(db.rows()))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Db
-from tests.producers import Arrival, CommitLog, LockedProducers, create_producer_tables, order_violations
+from tests.producers import Arrival, CommitLog, order_violations, producers_both_ways
 from tests.rabbitmq_broker import Rabbit, relay_args
 from tests.relay_process import (
     RelayProcess,
@@ -24,6 +24,29 @@ from tests.relay_process import (
     wait_until_async,
 )
 from tests.sqs_server import create_queue, queue_url, receive_all, unique_queue_name
+
+
+def family(pg_dsn: str, db: Db, event_type: str, prefix: str, seed: int, transactions: int) -> list[CommitLog]:
+    """Producers of one event family, both ways (locked aggregates first, the design
+    reference's pattern, and unlocked ones), run to the end: their commit logs, the oracles."""
+    locked, unlocked, producing = producers_both_ways(
+        pg_dsn,
+        db.names,
+        locked_aggregates=[f"{prefix}-L{i}" for i in range(5)],
+        unlocked_aggregates=[f"{prefix}-U{i}" for i in range(3)],
+        locked_tx=transactions,
+        unlocked_rounds=transactions,
+        seeds=(seed, seed + 1),
+        locked_options={"event_type": event_type},
+        unlocked_options={"event_type": event_type, "unordered_type": None},
+    )
+    producing.join()
+    return [locked, unlocked]
+
+
+def assert_commit_order(logs: list[CommitLog], arrivals: list[Arrival]) -> None:
+    for log in logs:
+        assert order_violations(log.expected(), arrivals) == []
 
 
 def test_routes_send_each_event_type_to_its_queue_and_a_late_queue_pauses_only_itself(
@@ -41,16 +64,6 @@ def test_routes_send_each_event_type_to_its_queue_and_a_late_queue_pauses_only_i
         f'[[routes]]\nmatch = ["Invoice*"]\nqueue_url = "{invoices}"\n\n'
         f'[[routes]]\nmatch = ["Shipment*"]\nqueue_url = "{late}"\n'
     )
-    # Producers that lock their aggregate (the design reference's pattern) write Order*
-    # events to the first queue and Invoice* events to the second.
-    aggregates = [f"acct-{i}" for i in range(6)]
-    create_producer_tables(pg_dsn, db.names, aggregates)
-    order_log, invoice_log = CommitLog(), CommitLog()
-    order_producers = LockedProducers(pg_dsn, db.names, aggregates, order_log, threads=2, seed=3)
-    invoice_producers = LockedProducers(
-        pg_dsn, db.names, [f"inv-{i}" for i in range(4)], invoice_log, threads=2, seed=4, event_type="InvoiceIssued"
-    )
-    create_producer_tables(pg_dsn, db.names, invoice_producers.aggregates)
     # One aggregate whose events span destinations: its shipment waits for the late queue,
     # and the order event behind it waits with it.
     [placed, booked, closed] = db.insert(
@@ -63,9 +76,11 @@ def test_routes_send_each_event_type_to_its_queue_and_a_late_queue_pauses_only_i
     )  # fmt: skip
     relays.append(relay)
     started = time.monotonic()
-    order_producers.run(15)
-    invoice_producers.run(10)
-    produced = order_log.ids() | invoice_log.ids()
+    # Producers, locking and not, write Order* events (the first queue) and Invoice* events
+    # (the second).
+    order_logs = family(pg_dsn, db, "OrderUpdated", "acct", seed=3, transactions=15)
+    invoice_logs = family(pg_dsn, db, "InvoiceIssued", "inv", seed=5, transactions=10)
+    produced = set().union(*(log.ids() for log in (*order_logs, *invoice_logs)))
     assert wait_until(lambda: all(r["status"] == "done" for r in db.rows() if r["id"] in produced), timeout=30), (
         db.statuses(),
         relay.stderr()[-3000:],
@@ -97,9 +112,8 @@ def test_routes_send_each_event_type_to_its_queue_and_a_late_queue_pauses_only_i
     assert {types[m.outbox_id][:7] for m in by_queue[invoices]} == {"Invoice"}
     assert [m.outbox_id for m in by_queue[late]] == [booked]
     assert {m.outbox_id for q in by_queue.values() for m in q} == set(types)
-    for log, url in ((order_log, orders), (invoice_log, invoices)):
-        first = [Arrival(m.outbox_id, m.attributes["aggregate_id"]) for m in by_queue[url]]
-        assert order_violations(log.expected(), first) == []
+    for logs, url in ((order_logs, orders), (invoice_logs, invoices)):
+        assert_commit_order(logs, [Arrival(m.outbox_id, m.attributes["aggregate_id"]) for m in by_queue[url]])
     assert [m.outbox_id for m in by_queue[orders] if m.attributes["aggregate_id"] == "mixed-1"] == [placed, closed]
 
 
@@ -173,30 +187,26 @@ async def test_rabbitmq_routes_each_event_family_to_its_exchange_with_its_routin
         f'[[routes]]\nmatch = ["Customer*"]\nexchange = "{customers}"\n'
         'routing_key = "{aggregate_type}.{event_type}"\n'
     )
-    aggregates = [f"c-{i}" for i in range(4)]
-    create_producer_tables(pg_dsn, db.names, aggregates)
-    log = CommitLog()
-    producers = LockedProducers(pg_dsn, db.names, aggregates, log, threads=2, seed=9, event_type="CustomerRenamed")
     process = RelayProcess(
         "start", "--config", str(config), *relay_args(pg_dsn, db.names, rabbit.amqp.url), "--exchange", orders,
         "--routing-key", "{event_type}",
     )  # fmt: skip
     relays.append(process)
-    await asyncio.to_thread(producers.run, 10)
+    logs = await asyncio.to_thread(family, pg_dsn, db, "CustomerRenamed", "c", 9, 10)
+    customer_ids = set().union(*(log.ids() for log in logs))
     order_ids = db.insert([(f"o-{i}", "OrderPlaced", {}) for i in range(5)])
     total = len(db.rows())
     assert await wait_until_async(lambda: db.statuses() == {"done": total}, timeout=30), db.statuses()
     process.stop()
     process.assert_clean_exit()
 
-    to_customers = await rabbit.drain(customer_q, len(log.ids()), timeout=10)
+    to_customers = await rabbit.drain(customer_q, len(customer_ids), timeout=10)
     to_orders = await rabbit.drain(order_q, len(order_ids), timeout=10)
-    assert {int(m.message_id or 0) for m in to_customers} == log.ids()
+    assert {int(m.message_id or 0) for m in to_customers} == customer_ids
     assert {m.routing_key for m in to_customers} == {"order.CustomerRenamed"}  # the route's own key
     assert sorted(int(m.message_id or 0) for m in to_orders) == order_ids  # the default exchange's
     assert {m.routing_key for m in to_orders} == {"OrderPlaced"}
-    first = [Arrival(int(m.message_id or 0), str(m.headers["aggregate_id"])) for m in to_customers]
-    assert order_violations(log.expected(), first) == []
+    assert_commit_order(logs, [Arrival(int(m.message_id or 0), str(m.headers["aggregate_id"])) for m in to_customers])
 
 
 def test_one_relay_routes_to_two_queues_and_an_sns_topic(
@@ -217,16 +227,15 @@ def test_one_relay_routes_to_two_queues_and_an_sns_topic(
         f'[[routes]]\nmatch = ["Invoice*"]\ntopic_arn = "{invoices.arn}"\n\n'
         f'[sqs]\nqueue_url = "{rest}"\nendpoint_url = "{moto_endpoint}"\nregion = "us-east-1"\n'
     )
-    aggregates = [f"acct-{i}" for i in range(5)]
-    create_producer_tables(pg_dsn, db.names, aggregates)
-    logs = {kind: CommitLog() for kind in ("OrderUpdated", "InvoiceIssued", "EmailQueued")}
     relay = RelayProcess(
         "start", "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "sqs",
         "--poll-interval", "100ms", env=relay_env(),
     )  # fmt: skip
     relays.append(relay)
-    for seed, (kind, log) in enumerate(logs.items()):
-        LockedProducers(pg_dsn, db.names, aggregates, log, threads=2, seed=seed, event_type=kind).run(8)
+    # Each family's producers, locking and not, on the same aggregates: one ordered sequence
+    # per aggregate across the three destinations.
+    kinds = ("OrderUpdated", "InvoiceIssued", "EmailQueued")
+    logs = {kind: family(pg_dsn, db, kind, "acct", seed=10 * n, transactions=8) for n, kind in enumerate(kinds)}
     total = len(db.rows())
     assert wait_until(lambda: db.statuses() == {"done": total}, timeout=30), (db.statuses(), relay.stderr()[-2000:])
     relay.stop()
@@ -235,6 +244,5 @@ def test_one_relay_routes_to_two_queues_and_an_sns_topic(
     for kind, url in (("OrderUpdated", orders), ("InvoiceIssued", invoices.queue_url), ("EmailQueued", rest)):
         got = receive_all(sqs_client, url)
         assert {m.attributes["event_type"] for m in got} == {kind}, url  # at its destination only
-        assert {m.outbox_id for m in got} == logs[kind].ids()
-        first = [Arrival(m.outbox_id, m.attributes["aggregate_id"]) for m in got]
-        assert order_violations(logs[kind].expected(), first) == []
+        assert {m.outbox_id for m in got} == set().union(*(log.ids() for log in logs[kind]))
+        assert_commit_order(logs[kind], [Arrival(m.outbox_id, m.attributes["aggregate_id"]) for m in got])

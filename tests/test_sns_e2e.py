@@ -7,7 +7,6 @@ delivery (:func:`tests.sns_server.make_topic`).
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -19,11 +18,8 @@ from tests.producers import (
     ORDERING,
     ORDERING_FLAGS,
     Arrival,
-    CommitLog,
-    LockedProducers,
-    create_producer_tables,
     order_violations,
-    produce_unlocked,
+    producers_both_ways,
     route_by,
     seed,
 )
@@ -51,24 +47,17 @@ def test_relay_with_three_workers_drains_ordered_aggregates_into_a_fifo_topic_in
     )  # fmt: skip
     # Meanwhile, services that lock their aggregate before writing (the design reference's
     # pattern) and services that do not, on aggregates of their own.
-    locked_aggs, unlocked_aggs = [f"acct-L{i}" for i in range(6)], [f"acct-U{i}" for i in range(4)]
-    create_producer_tables(pg_dsn, db.names, locked_aggs)
-    locked, unlocked = CommitLog(), CommitLog()
-    producers = [
-        threading.Thread(
-            target=LockedProducers(pg_dsn, db.names, locked_aggs, locked, threads=3, seed=12).run, args=(15,)
-        ),
-        threading.Thread(
-            target=produce_unlocked,
-            args=(pg_dsn, db.names, unlocked_aggs, unlocked),
-            kwargs={"rounds": 15, "seed": 13},
-        ),
-    ]
+    locked, unlocked, producing = producers_both_ways(
+        pg_dsn,
+        db.names,
+        locked_aggregates=[f"acct-L{i}" for i in range(6)],
+        unlocked_aggregates=[f"acct-U{i}" for i in range(4)],
+        locked_tx=15,
+        unlocked_rounds=15,
+        seeds=(12, 13),
+    )
     try:
-        for t in producers:
-            t.start()
-        for t in producers:
-            t.join()
+        producing.join()
         total = len(db.rows())
         drained = wait_until(lambda: db.statuses() == {"done": total} or not relay.running(), timeout=120)
         assert drained and relay.running(), relay.stderr()[-3000:]
