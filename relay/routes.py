@@ -42,6 +42,22 @@ FAMILIES: Mapping[str, frozenset[str]] = {
 }
 # The option holding each broker's default destination.
 DEFAULT_DESTINATION: Mapping[str, str] = {"sqs": "queue_url", "sns": "topic_arn", "rabbitmq": "exchange"}
+# Where a message goes when no route takes it and no default destination is set.
+NO_DESTINATION = "(no destination)"
+
+
+def shown_destination(value: str) -> str:
+    """A destination as logs, `relay status` and the metrics' label show it: the default
+    exchange, whose name is empty, said in words."""
+    return value if value else "'' (the default exchange)"
+
+
+def default_destination(values: Mapping[str, Any], broker: str) -> str | None:
+    """The broker's default destination in resolved option ``values`` (``--queue-url``,
+    ``--topic-arn``, ``--exchange``), None when none is set."""
+    key = DEFAULT_DESTINATION.get(broker)
+    value = values.get(key) if key else None
+    return None if value is None else str(value)
 
 
 @dataclass(frozen=True)
@@ -56,8 +72,7 @@ class Route:
     def destination(self) -> str:
         """The destination itself (a queue URL, topic ARN or exchange name), for people."""
         key = next(k for k in self.settings if k in DESTINATION_KEYS)
-        value = self.settings[key]
-        return value if value else "'' (the default exchange)"
+        return shown_destination(self.settings[key])
 
     def takes(self, event_type: str) -> bool:
         return any(glob_matches(entry, event_type) for entry in self.match)
@@ -192,18 +207,15 @@ def destination_namer(values: Mapping[str, Any]) -> Callable[[str], str] | None:
     if not broker:
         return None
     routes = parse_routes(values.get("route") or (), broker)
-    default_key = DEFAULT_DESTINATION.get(broker)
-    default = values.get(default_key) if default_key else None
-    if broker == "log":
-        default = "stdout"
+    default = "stdout" if broker == "log" else default_destination(values, broker)
     router = Router(routes, has_default=default is not None)
 
     def name(event_type: str) -> str:
         chosen = router.route_of(event_type)
         if chosen is None:
-            return "(no destination)"
+            return NO_DESTINATION
         if chosen == -1:
-            return str(default) if default else "'' (the default exchange)"
+            return shown_destination(str(default))
         return routes[chosen].destination
 
     return name

@@ -23,14 +23,13 @@ from relay.backoff import Backoff
 from relay.contract import Outcome, Publisher
 from relay.errors import BrokerUnavailable, DestinationUnavailable, first_line
 from relay.message import OutboxMessage
-from relay.routes import MAX_REMEMBERED, Router
+from relay.routes import MAX_REMEMBERED, NO_DESTINATION, Router
 
 log = logging.getLogger("relay.routing")
 
 # How long a message with no destination waits before it is claimed again: another relay
 # with a route for it (or this one, restarted with one) takes it by then.
 NO_DESTINATION_RETRY = timedelta(seconds=5)
-NO_DESTINATION = "(no destination)"
 
 
 class DestinationHealth:

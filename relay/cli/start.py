@@ -15,7 +15,7 @@ from relay.cli.common import BROKER_OPTIONS, settings_for, with_options
 from relay.config import CORE_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.contract import Publisher
 from relay.options import load_file
-from relay.routes import DEFAULT_DESTINATION, ROUTES_OPTION, Router, parse_routes
+from relay.routes import ROUTES_OPTION, Router, default_destination, parse_routes, shown_destination
 from relay.routing import RoutedPublisher
 from relay.shared_settings import given_settings
 
@@ -64,12 +64,8 @@ def publisher_for(settings: RelaySettings, values: dict[str, Any]) -> Publisher:
     limits = settings.publish_limits
     if not routes:
         return create_publisher(settings.broker, values, limits)
-    default_key = DEFAULT_DESTINATION[settings.broker]
-    default = None
-    if values.get(default_key) is not None:
-        default = create_publisher(settings.broker, values, limits)
+    default_value = default_destination(values, settings.broker)
+    default = None if default_value is None else create_publisher(settings.broker, values, limits)
     publishers = [create_publisher(r.broker, {**values, **r.settings}, limits) for r in routes]
-    default_name = str(values.get(default_key)) if default is not None else "default"
-    return RoutedPublisher(
-        Router(routes, has_default=default is not None), publishers, default, default_name=default_name
-    )
+    router = Router(routes, has_default=default is not None)
+    return RoutedPublisher(router, publishers, default, default_name=shown_destination(default_value or ""))
