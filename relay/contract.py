@@ -7,11 +7,13 @@ core reaches a concrete adapter only through :mod:`adapters.registry`, which the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol, runtime_checkable
 
+from relay.errors import RetryableError
 from relay.message import OutboxMessage
 
 # One outcome per message: None when the broker confirmed it, otherwise the failure-class
@@ -81,3 +83,28 @@ class PublishLimits:
     publish_timeout: timedelta
     workers: int
     batch_size: int
+
+
+# The RetryableError of a publish that ran out of time starts with this.
+TIMEOUT_PREFIX = "publish timed out"
+
+
+async def publish_within(publisher: Publisher, messages: Sequence[OutboxMessage], deadline_s: float) -> list[Outcome]:
+    """``publisher.publish(messages)`` held to the contract, for every caller (the
+    workers, relay replay): one outcome per message whatever happens. Past ``deadline_s``
+    the publish is cancelled and every message counts as retryable (the broker may or may
+    not have it; consumers de-duplicate by id); an exception is every message's outcome;
+    a wrong number of outcomes is an adapter bug, the outcome of them all."""
+    try:
+        async with asyncio.timeout(deadline_s):
+            outcomes = list(await publisher.publish(messages))
+    except TimeoutError:
+        return [RetryableError(f"{TIMEOUT_PREFIX} after {deadline_s:g}s")] * len(messages)
+    except Exception as exc:  # the adapter raised for the whole batch
+        return [exc] * len(messages)
+    if len(outcomes) != len(messages):
+        bug = RuntimeError(
+            f"publisher {publisher.name!r} returned {len(outcomes)} outcomes for {len(messages)} messages"
+        )
+        return [bug] * len(messages)
+    return outcomes

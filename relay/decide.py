@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from relay.backoff import Backoff
+from relay.contract import TIMEOUT_PREFIX
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, Defer, DestinationUnavailable, PermanentError, RetryableError
 from relay.message import Decision, OutboxMessage
@@ -72,10 +73,6 @@ def failure_class(exc: BaseException) -> str:
     if isinstance(exc, RetryableError):
         return "timeout" if str(exc).startswith(TIMEOUT_PREFIX) else "retryable"
     return "unclassified"
-
-
-# The worker's own RetryableError for an abandoned publish starts with this.
-TIMEOUT_PREFIX = "publish timed out"
 
 
 def is_classified(exc: BaseException) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from relay.errors import ConfigError, shown
 
@@ -106,3 +106,28 @@ def format_duration(value: timedelta) -> str:
 def age_text(seconds: float | None) -> str:
     """``3m12s``-style age, or ``-`` when there is nothing to age."""
     return "-" if seconds is None else format_duration(timedelta(seconds=seconds))
+
+
+def parse_moment(value: str | None, flag: str, now: datetime) -> datetime | None:
+    """``value`` as a moment (the operator commands' WHEN): a duration before ``now``
+    (``2h``), or an ISO time, local unless it has an offset. None stays None."""
+    if value is None:
+        return None
+    if is_duration_syntax(value):
+        # Bounded (at most MAX_DURATION), so "now minus it" stays a valid date.
+        return now - parse_duration(value, name=flag)
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ConfigError(
+            f"invalid {flag}: {shown(value)} (expected a duration such as 30m, 2h, 7d, or an ISO time such as"
+            " 2024-05-01T12:00+00:00)"
+        ) from None
+    if parsed.tzinfo:
+        return parsed
+    try:
+        return parsed.astimezone()
+    except (ValueError, OverflowError):  # local time at the very ends of years 1 and 9999
+        raise ConfigError(
+            f"invalid {flag}: {shown(value)} is out of range in the local time zone; give an offset such as +00:00"
+        ) from None

@@ -32,6 +32,9 @@ class OutboxMessage:
     aggregate_seq: int | None = None
     # The producer's own headers (the row's headers column), checked by producer_headers.
     headers: Mapping[str, str] | None = field(default=None, compare=False)
+    # Set on a message `relay replay` sends again: the replay's run id, carried as the
+    # ``replay`` header so consumers can tell a re-publication from the first delivery.
+    replay: str | None = None
 
     def payload(self) -> Any:
         """The payload decoded from JSON (tests and simple publishers)."""
@@ -52,11 +55,21 @@ class OutboxMessage:
         }
         if self.aggregate_seq is not None:
             fields["aggregate_seq"] = self.aggregate_seq
+        if self.replay is not None:
+            fields["replay"] = self.replay
         if self.headers:
             # The producer's first, so that nothing of theirs can stand in for the relay's
             # (producer_headers refuses the relay's names anyway).
             fields = {**self.headers, **fields}
         return fields
+
+    @property
+    def dedup_id(self) -> str:
+        """The de-duplication id for brokers that collapse resends themselves (SQS and SNS
+        FIFO's MessageDeduplicationId): the outbox id, and for a replay the run id beside
+        it, so that a replay inside AWS's five-minute window is not collapsed into the
+        delivery it repeats (a resumed replay of the same run still is)."""
+        return str(self.id) if self.replay is None else f"{self.id}-{self.replay}"
 
     def log_fields(self) -> dict[str, Any]:
         """The fields every log line about this message carries."""

@@ -131,6 +131,13 @@ def glob_matches(entry: str, event_type: str) -> bool:
     return re.fullmatch(_to_regex(entry), event_type, re.DOTALL) is not None
 
 
+def names_and_patterns(entries: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``entries`` (names or globs) as the SQL filters take them: the exact names, and the
+    globs as regexes for PostgreSQL's ``~`` (``relay replay --event-type``)."""
+    entries = list(entries)
+    return [e for e in entries if not _is_glob(e)], [_to_regex(e) for e in entries if _is_glob(e)]
+
+
 def _entries(value: Any, name: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [v for v in (s.strip() for s in value.split(",")) if v]

@@ -142,7 +142,7 @@ class OutboxStore:
                     reaped = [Reaped.from_row(row) for row in await cur.fetchall()]
                     numbered, ingest_full = await self._ingest(conn)
                 exact = server_encoding(conn) == SQL_ASCII  # text unchecked: look at every row
-                async with _payload_cursor(conn) as cur:
+                async with payload_cursor(conn) as cur:
                     budget = batch_bytes
                     for name in strategies:
                         remaining = batch - len(rows)
@@ -166,7 +166,7 @@ class OutboxStore:
                 body = await self._oversized(row[_ID], row[_LEASE_VERSION])
                 if body is None:
                     continue
-            message = _message(row, body, exact=exact)
+            message = message_from_row(row, body, exact=exact)
             if isinstance(message, Unreadable):
                 unreadable.append(message)
             else:
@@ -182,7 +182,7 @@ class OutboxStore:
         buffer at the largest message it ever received, so a pooled connection that read
         a 10 MB payload once would hold 10 MB or more for the rest of its life."""
         params = {"id": outbox_id, "lease_version": lease_version}
-        async with await _connect_like(self.pool) as conn, _payload_cursor(conn) as cur:
+        async with await _connect_like(self.pool) as conn, payload_cursor(conn) as cur:
             await cur.execute(self._sql["payload_of"], params)
             found = await cur.fetchone()
         if found is None:  # taken over already (its lease cannot have run out in between)
@@ -264,7 +264,7 @@ class OutboxStore:
 
 
 # Columns of the claims' RETURNING list (claim_ordered, claim_unordered) that the claim
-# reads before a row becomes a message (_message names them all). The rows stay psycopg's
+# reads before a row becomes a message (message_from_row names them all). The rows stay psycopg's
 # plain tuples: a claim handles one per leased row, and a named row type would cost a
 # Python call per row on the hot path.
 _ID, _PAYLOAD, _LEASE_VERSION, _BYTES = 0, 4, 6, 10
@@ -296,7 +296,7 @@ async def _connect_like(pool: AsyncConnectionPool[Any]) -> psycopg.AsyncConnecti
     return conn
 
 
-def _payload_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
+def payload_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
     """A cursor that returns jsonb payloads as the bytes PostgreSQL sent."""
     cur = conn.cursor()
     cur.adapters.register_loader("jsonb", _PayloadLoader)
@@ -306,7 +306,7 @@ def _payload_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[A
 _TEXT_COLUMNS = ("aggregate_type", "aggregate_id", "event_type")
 
 
-def _message(row: Sequence[Any], body: bytes, *, exact: bool = False) -> OutboxMessage | Unreadable:
+def message_from_row(row: Sequence[Any], body: bytes, *, exact: bool = False) -> OutboxMessage | Unreadable:
     """A claimed row (the claims' RETURNING list, in its order) as the message a publisher
     gets, or, on a SQL_ASCII database (``exact``), as an Unreadable one if its text or its
     payload holds bytes that are not UTF-8. ``body`` is its payload (read afterwards when

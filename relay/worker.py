@@ -19,9 +19,9 @@ import psycopg
 
 from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
-from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher
-from relay.decide import TIMEOUT_PREFIX, Policy, describe, failure_class, is_classified
-from relay.errors import BrokerUnavailable, DestinationUnavailable, RetryableError, first_line
+from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher, publish_within
+from relay.decide import Policy, describe, failure_class, is_classified
+from relay.errors import BrokerUnavailable, DestinationUnavailable, first_line
 from relay.message import Decision, Kind, OutboxMessage, log_fields
 from relay.oversize import OversizeTurn
 from relay.sleep import sleep_unless_stopped
@@ -474,21 +474,9 @@ class Worker:
         """Publish within ``deadline_s`` seconds; one outcome per message, whatever happens."""
         started = time.monotonic()
         try:
-            async with asyncio.timeout(deadline_s):
-                outcomes = list(await self.publisher.publish(messages))
-        except TimeoutError:
-            # The broker may or may not have them: retry (consumers de-duplicate by id).
-            error = RetryableError(f"{TIMEOUT_PREFIX} after {deadline_s:g}s")
-            return [error] * len(messages)
-        except Exception as exc:  # the adapter raised for the whole batch
-            return [exc] * len(messages)
+            return await publish_within(self.publisher, messages, deadline_s)
         finally:
             self.metrics.observe_publish(time.monotonic() - started)
-        if len(outcomes) != len(messages):
-            name = self.publisher.name
-            bug = RuntimeError(f"publisher {name!r} returned {len(outcomes)} outcomes for {len(messages)} messages")
-            return [bug] * len(messages)
-        return outcomes
 
     async def _finalize(self, decisions: Sequence[Decision]) -> None:
         """Write the decisions; if the database is unreachable, keep trying for as long as

@@ -16,7 +16,8 @@ lease_version    Number  the claim's fencing token: a later one supersedes an ea
 aggregate_seq    Number  ordered messages only: 1, 2, 3, ... per aggregate in commit order
 ===============  ======  =====================================================
 
-On a FIFO queue or topic ``MessageDeduplicationId`` is the outbox id, so a resend within
+On a FIFO queue or topic ``MessageDeduplicationId`` is the outbox id (a replay adds its run
+id, OutboxMessage.dedup_id), so a resend within
 the five-minute window is collapsed by AWS itself, and ``MessageGroupId`` is the aggregate
 id for every message, ordered or not: a consumer then sees one ordered stream per
 aggregate, as in the outbox. An aggregate id AWS does not accept as a group id (over 128

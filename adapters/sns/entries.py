@@ -5,7 +5,8 @@ and SNS alike). SNS hands both on to its subscribers; an SQS subscription with
 the relay sent to directly would.
 
 A FIFO topic gets ``MessageGroupId`` (the aggregate id, as for a FIFO queue) and
-``MessageDeduplicationId`` (the outbox id); a standard topic gets neither, since SNS
+``MessageDeduplicationId`` (the outbox id; with a replay's run id beside it on a
+replayed message, :attr:`relay.message.OutboxMessage.dedup_id`); a standard topic gets neither, since SNS
 refuses a de-duplication id there.
 """
 
@@ -35,5 +36,5 @@ def prepare(message: OutboxMessage, *, fifo: bool, max_bytes: int) -> SnsEntry |
     }
     if fifo:
         request["MessageGroupId"] = group_id(message.aggregate_id)
-        request["MessageDeduplicationId"] = checked.id
+        request["MessageDeduplicationId"] = message.dedup_id
     return Entry(request, checked.size, checked.id)

@@ -3,7 +3,8 @@ envelope as message attributes (see :mod:`adapters.aws.entries`, which checks an
 them for SQS and SNS alike).
 
 A FIFO queue always gets ``MessageGroupId`` (the aggregate id) and
-``MessageDeduplicationId`` (the outbox id); a standard queue gets the group id too when
+``MessageDeduplicationId`` (the outbox id; with a replay's run id beside it on a
+replayed message, :attr:`relay.message.OutboxMessage.dedup_id`); a standard queue gets the group id too when
 ``group`` is set (``--sqs-message-group standard``: SQS fair queues, where a group is a
 tenant whose backlog may not starve the others), and never a de-duplication id, which
 standard queues refuse.
@@ -36,5 +37,5 @@ def prepare(message: OutboxMessage, *, fifo: bool, max_bytes: int, group: bool =
     if fifo or group:
         request["MessageGroupId"] = group_id(message.aggregate_id)
     if fifo:
-        request["MessageDeduplicationId"] = checked.id
+        request["MessageDeduplicationId"] = message.dedup_id
     return Entry(request, checked.size, checked.id)

@@ -15,15 +15,24 @@ from typing import Any, TypeVar
 import click
 import psycopg
 
-from adapters.registry import broker_options
+from adapters.registry import broker_options, create_publisher
 from relay import logs
-from relay.config import CORE_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS, names_from, require_dsn
+from relay.config import (
+    CORE_OPTIONS,
+    LOG_OPTIONS,
+    OPERATE_OPTIONS,
+    START_OPTIONS,
+    names_from,
+    require_dsn,
+)
+from relay.contract import Publisher, PublishLimits
 from relay.db import check_schema, connect
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
 from relay.ops.queries import Conn
 from relay.options import Option, check_file_keys, load_file, resolve
-from relay.routes import ROUTES_OPTION
+from relay.routes import ROUTES_OPTION, Router, default_destination, parse_routes, shown_destination
+from relay.routing import RoutedPublisher
 from relay.sqlnames import OutboxNames
 
 BROKER_OPTIONS = broker_options()
@@ -117,6 +126,23 @@ def check_text(value: str | None, what: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ConfigError(f"invalid {what}: not UTF-8 text (character {exc.start + 1} of {len(value):,})") from None
+
+
+# ---- the broker
+
+
+def publisher_for(broker: str, values: dict[str, Any], limits: PublishLimits) -> Publisher:
+    """``broker``'s publisher (relay start, relay replay); with routes, one per route (the
+    same settings with the route's destination put in) and one for the default
+    destination if it is set, under a :class:`relay.routing.RoutedPublisher`."""
+    routes = parse_routes(values.get("route") or (), broker)
+    if not routes:
+        return create_publisher(broker, values, limits)
+    default_value = default_destination(values, broker)
+    default = None if default_value is None else create_publisher(broker, values, limits)
+    publishers = [create_publisher(r.broker, {**values, **r.settings}, limits) for r in routes]
+    router = Router(routes, has_default=default is not None)
+    return RoutedPublisher(router, publishers, default, default_name=shown_destination(default_value or ""))
 
 
 # ---- running

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from relay.cli.common import OPS_OPTIONS, AsciiInt, F, check_text, ops_setup, run, with_conn, with_options
-from relay.durations import is_duration_syntax, parse_duration
+from relay.durations import parse_moment
 from relay.errors import ConfigError, shown
 from relay.ids import parse_outbox_id
 from relay.ops.deadletters import default_operator, group_dead, list_dead, retry, select_ids, skip
@@ -71,30 +71,6 @@ def _write_options(func: F) -> F:
     return click.argument("ids", nargs=-1)(func)
 
 
-def _when(value: str | None, flag: str, now: datetime) -> datetime | None:
-    """``value`` as a moment: a duration ago, or an ISO time (local unless it has an offset)."""
-    if value is None:
-        return None
-    if is_duration_syntax(value):
-        # Bounded (at most MAX_DURATION), so "now minus it" stays a valid date.
-        return now - parse_duration(value, name=flag)
-    try:
-        parsed = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise ConfigError(
-            f"invalid {flag}: {shown(value)} (expected a duration such as 30m, 2h, 7d, or an ISO time such as"
-            " 2024-05-01T12:00+00:00)"
-        ) from None
-    if parsed.tzinfo:
-        return parsed
-    try:
-        return parsed.astimezone()
-    except (ValueError, OverflowError):  # local time at the very ends of years 1 and 9999
-        raise ConfigError(
-            f"invalid {flag}: {shown(value)} is out of range in the local time zone; give an offset such as +00:00"
-        ) from None
-
-
 def _filter(cli_values: dict[str, Any]) -> DeadFilter:
     """Pop the filter flags from ``cli_values`` and check them."""
     now = datetime.now(UTC)
@@ -102,8 +78,8 @@ def _filter(cli_values: dict[str, Any]) -> DeadFilter:
         event_types=tuple(cli_values.pop("f_event_types", ()) or ()),
         aggregate_id=cli_values.pop("f_aggregate", None),
         error=cli_values.pop("f_error", None),
-        created_after=_when(cli_values.pop("f_newer", None), "--newer-than", now),
-        created_before=_when(cli_values.pop("f_older", None), "--older-than", now),
+        created_after=parse_moment(cli_values.pop("f_newer", None), "--newer-than", now),
+        created_before=parse_moment(cli_values.pop("f_older", None), "--older-than", now),
     )
     for event_type in flt.event_types:
         check_text(event_type, "--event-type")

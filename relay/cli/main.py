@@ -21,6 +21,7 @@ import click
 from relay.cli.dead import dead_group
 from relay.cli.migrate import migrate_cmd
 from relay.cli.ops import explain_cmd, prune_cmd, release_cmd, status_cmd
+from relay.cli.replay import replay_cmd
 from relay.cli.settings import settings_group
 from relay.cli.start import start_cmd
 from relay.dsn import mask
@@ -36,7 +37,17 @@ def cli() -> None:
     """outbox-relay: delivers transactional-outbox rows from PostgreSQL to a broker."""
 
 
-for command in (migrate_cmd, start_cmd, status_cmd, explain_cmd, dead_group, prune_cmd, release_cmd, settings_group):
+for command in (
+    migrate_cmd,
+    start_cmd,
+    replay_cmd,
+    status_cmd,
+    explain_cmd,
+    dead_group,
+    prune_cmd,
+    release_cmd,
+    settings_group,
+):
     cli.add_command(command)
 
 

@@ -9,14 +9,11 @@ from typing import Any
 
 import click
 
-from adapters.registry import create_publisher
 from relay import logs
-from relay.cli.common import BROKER_OPTIONS, settings_for, with_options
+from relay.cli.common import BROKER_OPTIONS, publisher_for, settings_for, with_options
 from relay.config import CORE_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS, RelaySettings
-from relay.contract import Publisher
 from relay.options import load_file
-from relay.routes import ROUTES_OPTION, Router, default_destination, parse_routes, shown_destination
-from relay.routing import RoutedPublisher
+from relay.routes import ROUTES_OPTION
 from relay.shared_settings import given_settings
 
 START_ALL = (*CORE_OPTIONS, *START_OPTIONS, ROUTES_OPTION, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
@@ -35,7 +32,7 @@ def start_cmd(**cli_values: Any) -> None:
     # The shared settings this process was told explicitly: compared with the stored ones
     # at start, never written (`relay settings set` changes those).
     given = given_settings(values, cli_values, load_file(config_path), os.environ)
-    publisher = publisher_for(settings, values)
+    publisher = publisher_for(settings.broker, values, settings.publish_limits)
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -54,18 +51,3 @@ def start_cmd(**cli_values: Any) -> None:
         await run_relay(settings, publisher, stop, operate=Operations.from_values(values), given=given)
 
     asyncio.run(run())
-
-
-def publisher_for(settings: RelaySettings, values: dict[str, Any]) -> Publisher:
-    """The broker's publisher; with routes, one per route (the same settings with the
-    route's destination put in) and one for the default destination if it is set, under a
-    :class:`relay.routing.RoutedPublisher`."""
-    routes = parse_routes(values.get("route") or (), settings.broker)
-    limits = settings.publish_limits
-    if not routes:
-        return create_publisher(settings.broker, values, limits)
-    default_value = default_destination(values, settings.broker)
-    default = None if default_value is None else create_publisher(settings.broker, values, limits)
-    publishers = [create_publisher(r.broker, {**values, **r.settings}, limits) for r in routes]
-    router = Router(routes, has_default=default is not None)
-    return RoutedPublisher(router, publishers, default, default_name=shown_destination(default_value or ""))

@@ -1,0 +1,393 @@
+"""`relay replay`: publish finished messages again, in order per aggregate, changing nothing
+in the outbox (the engine is :mod:`relay.replay`).
+
+Exit codes: 0 every selected message was confirmed; 1 some could not be replayed (each is
+named, with a resume command); 2 bad input, an empty selection or a database that cannot
+be reached; 130 interrupted (with a resume command).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shlex
+import signal
+import sys
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, TextIO
+
+import click
+
+from relay import logs
+from relay.backoff import Backoff
+from relay.cli.common import BROKER_OPTIONS, check_text, publisher_for, run, settings_for, with_options
+from relay.config import CORE_OPTIONS, LOG_OPTIONS, START_OPTIONS, names_from, require_dsn
+from relay.contract import BROKERS, PublishLimits
+from relay.db import check_schema, configure_session, connect
+from relay.dsn import mask
+from relay.durations import format_duration, parse_moment
+from relay.errors import ConfigError, shown
+from relay.ids import parse_outbox_id
+from relay.replay import (
+    MAX_ID,
+    PlanSummary,
+    Replayer,
+    ReplayLimits,
+    ReplayPlan,
+    ReplayReport,
+    Selection,
+    check_run_id,
+    new_run_id,
+    summary_lines,
+)
+from relay.routes import DEFAULT_DESTINATION, ROUTES_OPTION, destination_namer
+
+log = logging.getLogger("relay.replay")
+
+# The settings of `relay start` that a replay takes too (the same names, environment
+# variables and config-file keys), with what each means here.
+_SHARED = {
+    "broker": None,
+    "workers": "Batches published at once (of different aggregates).",
+    "batch_size": "Messages one publish sends at most.",
+    "batch_bytes": "Payload bytes one publish sends at most (512KiB, 4MiB, 10MB or bytes); a larger one goes alone.",
+    "publish_timeout": None,
+    "max_attempts": "Tries a message gets after retryable failures before it is reported as not replayed.",
+    "backoff_base": None,
+    "backoff_cap": None,
+}
+REPLAY_OPTIONS = (
+    *CORE_OPTIONS,
+    *(replace(o, help=_SHARED[o.dest] or o.help) for o in START_OPTIONS if o.dest in _SHARED),
+    ROUTES_OPTION,
+    *LOG_OPTIONS,
+    *BROKER_OPTIONS,
+)
+# Without a terminal, one log line per this many messages settled.
+LOG_EVERY = 10_000
+MAX_RATE = 1_000_000.0
+_RATE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,6})?")  # ASCII digits, as every number the relay reads
+EXIT_INTERRUPTED = 130
+
+
+@click.command("replay")
+@click.option("--from-id", "from_id", default=None, metavar="ID", help="Only messages with this id or above.")
+@click.option("--to-id", "to_id", default=None, metavar="ID", help="Only messages with this id or below.")
+@click.option(
+    "--since",
+    default=None,
+    metavar="WHEN",
+    help="Only messages created at or after WHEN: a duration ago (2h) or an ISO time (local unless offset given).",
+)
+@click.option("--until", default=None, metavar="WHEN", help="Only messages created before WHEN.")
+@click.option("--aggregate", "aggregates", multiple=True, metavar="ID", help="Only this aggregate id (repeatable).")
+@click.option(
+    "--event-type", "event_types", multiple=True, metavar="TYPE", help="Only this event type or glob (repeatable)."
+)
+@click.option("--include-dead", is_flag=True, help="Dead messages too (by default only delivered ones).")
+@click.option(
+    "--to",
+    "to_destination",
+    default=None,
+    metavar="DESTINATION",
+    help="Send everything to this destination of the broker (a queue URL, topic ARN or exchange), ignoring routes.",
+)
+@click.option("--rate", default=None, metavar="N/s", help="Publish at most N messages per second (500, 500/s, 3000/m).")
+@click.option(
+    "--run-id",
+    default=None,
+    metavar="ID",
+    help="The `replay` header's value (default: the start time and a random suffix); a resumed replay keeps its own.",
+)
+@click.option("--dry-run", is_flag=True, help="Print what would be replayed; publish nothing.")
+@with_options(REPLAY_OPTIONS)
+def replay_cmd(
+    from_id: str | None,
+    to_id: str | None,
+    since: str | None,
+    until: str | None,
+    aggregates: tuple[str, ...],
+    event_types: tuple[str, ...],
+    include_dead: bool,
+    to_destination: str | None,
+    rate: str | None,
+    run_id: str | None,
+    dry_run: bool,
+    **cli_values: Any,
+) -> None:
+    """Publish finished messages again (to a new consumer, or after a consumer lost them),
+    in order per aggregate, without changing them: live relays keep running meanwhile.
+
+    \b
+    Select with --from-id/--to-id, --since/--until, --aggregate, --event-type (at least
+    one). Every message carries what it carried live, plus the header `replay` = the run id.
+    Ctrl-C stops cleanly and prints the command that does the rest.
+    """
+    now = datetime.now(UTC)
+    for value, what in ((to_destination, "--to"), *((a, "--aggregate") for a in aggregates)):
+        check_text(value, what)
+    for value in event_types:
+        check_text(value, "--event-type")
+    selection = Selection(
+        from_id=None if from_id is None else parse_outbox_id(from_id, "--from-id"),
+        to_id=None if to_id is None else parse_outbox_id(to_id, "--to-id"),
+        since=parse_moment(since, "--since", now),
+        until=parse_moment(until, "--until", now),
+        aggregates=aggregates,
+        event_types=tuple(t.strip() for t in event_types),
+        include_dead=include_dead,
+    ).check()
+    run_id = check_run_id(run_id.strip()) if run_id is not None else new_run_id(now)
+    per_second = _rate(rate)
+    values = settings_for(REPLAY_OPTIONS, cli_values)
+    logs.configure(values["log_level"], values["log_format"])
+    dsn, names = require_dsn(values), names_from(values)
+    broker = values.get("broker")
+    if not broker:
+        raise ConfigError(f"no broker chosen: pass --broker ({', '.join(BROKERS)}) or set RELAY_BROKER")
+    if to_destination is not None:
+        values = _only_to(values, broker, to_destination)
+    limits = ReplayLimits(
+        workers=values["workers"],
+        batch_size=values["batch_size"],
+        batch_bytes=values["batch_bytes"],
+        publish_timeout=values["publish_timeout"],
+        max_attempts=values["max_attempts"],
+        backoff=Backoff(base=values["backoff_base"], cap=values["backoff_cap"]),
+        rate=per_second,
+    )
+    # Built before anything is read, so that broker options no run could use fail first.
+    publisher = publisher_for(
+        broker,
+        values,
+        PublishLimits(publish_timeout=limits.publish_timeout, workers=limits.workers, batch_size=limits.batch_size),
+    )
+    where = _destinations(values)
+    resume = _Resume(selection, run_id, rate, to_destination)
+
+    async def replay() -> int:
+        conn = await connect(dsn, application_name="outbox-relay replay")
+        async with conn:
+            await configure_session(conn)
+            await check_schema(conn, names)
+            plan = ReplayPlan(conn, names)
+            summary = await plan.take(selection)
+            if not summary.count:
+                raise ConfigError("no finished message matches the selection: nothing to replay")
+            if dry_run:
+                _print_dry_run(summary, where, run_id)
+                return 0
+            click.echo(f"replay {run_id}: {summary_lines(summary)[0]}, to {where}", err=True)
+            stop = asyncio.Event()
+            _on_interrupt(stop)
+            progress = _Progress(sys.stderr, summary.count)
+            await publisher.start()
+            try:
+                report = await Replayer(plan, publisher, run_id, limits, progress=progress).run(summary.count, stop)
+            finally:
+                await publisher.close()
+            progress.close()
+            return _finish(report, resume)
+
+    code = run(replay)
+    if code:
+        sys.exit(code)
+
+
+def _rate(text: str | None) -> float | None:
+    """``--rate`` as messages per second: ``500``, ``500/s`` or ``3000/m``."""
+    if text is None:
+        return None
+    number, _, unit = text.strip().lower().partition("/")
+    per = {"": 1.0, "s": 1.0, "m": 60.0}.get(unit.strip())
+    digits = number.strip()
+    if per is None or not _RATE.fullmatch(digits) or not 0 < float(digits) / per <= MAX_RATE:
+        raise ConfigError(
+            f"invalid --rate {shown(text)}: expected messages per second or minute, such as 500/s or 3000/m"
+            f" (at most {MAX_RATE:,.0f}/s)"
+        )
+    return float(digits) / per
+
+
+def _only_to(values: dict[str, Any], broker: str, destination: str) -> dict[str, Any]:
+    """``values`` with every message going to ``destination``: the broker's default
+    destination set to it and the routes dropped."""
+    key = DEFAULT_DESTINATION.get(broker)
+    if key is None:
+        raise ConfigError(f"--to: --broker {broker} has no destinations to choose from")
+    if key != "exchange" and not destination.strip():
+        raise ConfigError("invalid --to: must not be empty")
+    return {**values, key: destination if key == "exchange" else destination.strip(), "route": ()}
+
+
+def _destinations(values: dict[str, Any]) -> str:
+    """Where the messages go, in words, for the first line."""
+    namer = destination_namer(values)
+    if namer is None:  # pragma: no cover - a broker is always set here
+        return "?"
+    routes = values.get("route") or ()
+    broker = values["broker"]
+    default = namer("\x00 no route takes this")  # an event type no route matches
+    if not routes:
+        return f"{broker} {default}"
+    return f"{broker} routes ({len(routes)}) and {default} for the rest"
+
+
+def _print_dry_run(summary: PlanSummary, where: str, run_id: str) -> None:
+    click.echo(f"would replay {summary_lines(summary)[0]}")
+    click.echo(f"to {where}, with header replay={run_id}")
+    click.echo("dry run: nothing was published")
+
+
+class _Resume:
+    """How to do the rest of a replay: the command line it was given, with --from-id moved
+    on, times made absolute (a duration counts from now, which moves) and passwords masked."""
+
+    def __init__(self, selection: Selection, run_id: str, rate: str | None, to_destination: str | None) -> None:
+        self.selection = selection
+        self.run_id = run_id
+        self.rate = rate
+        self.to_destination = to_destination
+
+    def command(self, from_id: int) -> str:
+        s = self.selection
+        args = ["relay", "replay", "--from-id", str(from_id)]
+        if s.to_id is not None and s.to_id != MAX_ID:
+            args += ["--to-id", str(s.to_id)]
+        if s.since:
+            args += ["--since", s.since.isoformat()]
+        if s.until:
+            args += ["--until", s.until.isoformat()]
+        for aggregate in s.aggregates:
+            args += ["--aggregate", aggregate]
+        for event_type in s.event_types:
+            args += ["--event-type", event_type]
+        if s.include_dead:
+            args.append("--include-dead")
+        if self.to_destination is not None:
+            args += ["--to", self.to_destination]
+        if self.rate is not None:
+            args += ["--rate", self.rate]
+        args += ["--run-id", self.run_id, *_given_options()]
+        return mask(shlex.join(args))
+
+
+def _given_options() -> list[str]:
+    """The options of `relay start` that this command line gave (the environment and the
+    config file give theirs again by themselves)."""
+    ctx = click.get_current_context()
+    given: list[str] = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name is None or not param.name.startswith(_OPTION_DESTS):
+            continue
+        if ctx.get_parameter_source(param.name) != click.core.ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params.get(param.name)
+        flag = param.opts[0]
+        if param.is_flag or isinstance(value, bool):
+            given.append(flag if value else (param.secondary_opts or [flag])[0])
+        elif param.multiple:
+            for v in value or ():
+                given += [flag, str(v)]
+        elif value is not None:
+            given += [flag, str(value)]
+    return given
+
+
+_OPTION_DESTS = (*(o.dest for o in REPLAY_OPTIONS), "config_path")
+
+
+def _finish(report: ReplayReport, resume: _Resume) -> int:
+    rate = report.published / report.elapsed_s if report.elapsed_s > 0 else 0.0
+    took = format_duration_s(report.elapsed_s)
+    click.echo(
+        f"replay {report.run_id}: {report.published:,} of {report.total:,} messages published in {took}"
+        f" ({rate:,.0f} msg/s); the outbox was not changed"
+    )
+    if report.gone:
+        click.echo(f"{report.gone:,} selected messages were pruned or re-driven meanwhile and were not replayed")
+    if report.failed:
+        first_id, first_reason = report.failed[0]
+        held = f"; {report.held_back:,} behind them in their aggregates were held back" if report.held_back else ""
+        click.echo(
+            f"{len(report.failed):,} messages could not be replayed (first: id {first_id}: {first_reason}){held}"
+        )
+        shown_ids = ", ".join(str(i) for i, _ in report.failed[:20])
+        more = f" and {len(report.failed) - 20:,} more" if len(report.failed) > 20 else ""
+        click.echo(f"not replayed: {shown_ids}{more}")
+    if report.resume_from is not None:
+        why = "interrupted" if report.interrupted else "to replay the rest once the cause is fixed"
+        click.echo(f"{why}; the rest (from id {report.resume_from}) is replayed by:")
+        click.echo(f"  {resume.command(report.resume_from)}")
+    if report.interrupted:
+        return EXIT_INTERRUPTED
+    return 0 if report.complete else 1
+
+
+def format_duration_s(seconds: float) -> str:
+    return format_duration(timedelta(seconds=seconds))
+
+
+def _on_interrupt(stop: asyncio.Event) -> None:
+    """SIGINT and SIGTERM stop the replay after the batches being published; a second one
+    exits at once (nothing in the outbox depends on the replay, so nothing is lost)."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            os._exit(EXIT_INTERRUPTED)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+
+
+class _Progress:
+    """A progress bar with rate and ETA on a terminal; otherwise one log line per
+    :data:`LOG_EVERY` messages settled."""
+
+    WIDTH = 30
+    REDRAW_S = 0.2
+
+    def __init__(self, stream: TextIO, total: int) -> None:
+        self.stream = stream
+        self.total = total
+        self.tty = stream.isatty()
+        self._drawn = 0.0
+        self._logged = 0
+
+    def __call__(self, report: ReplayReport) -> None:
+        done = report.settled
+        rate = report.published / report.elapsed_s if report.elapsed_s > 0 else 0.0
+        left = max(self.total - done, 0)
+        eta = format_duration_s(left / rate) if rate > 0 and left else "-"
+        if self.tty:
+            now = time.monotonic()
+            if now - self._drawn < self.REDRAW_S and done < self.total:
+                return
+            self._drawn = now
+            filled = self.WIDTH * done // max(self.total, 1)
+            bar = "#" * filled + "." * (self.WIDTH - filled)
+            self.stream.write(f"\r[{bar}] {done:,}/{self.total:,} {rate:,.0f} msg/s ETA {eta}   ")
+            self.stream.flush()
+        elif done // LOG_EVERY > self._logged // LOG_EVERY or (done == self.total and done > self._logged):
+            self._logged = done
+            log.info(
+                "replay %s: %s of %s settled (%s published, %s not replayed), %s msg/s, ETA %s",
+                report.run_id,
+                f"{done:,}",
+                f"{self.total:,}",
+                f"{report.published:,}",
+                f"{len(report.failed) + report.held_back:,}",
+                f"{rate:,.0f}",
+                eta,
+            )
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
