@@ -530,10 +530,11 @@ def summary_lines(summary: PlanSummary) -> Sequence[str]:
     if summary.first_created and summary.last_created:
         span = f", created {summary.first_created:%Y-%m-%d %H:%M:%S%z} to {summary.last_created:%Y-%m-%d %H:%M:%S%z}"
     return [
-        f"{_count(summary.count, 'message')}, ids {summary.first_id} to {summary.last_id},"
-        f" {_count(summary.aggregates, 'aggregate')}{span}, {summary.payload_bytes:,} bytes of payload"
+        f"{count_of(summary.count, 'message')}, ids {summary.first_id} to {summary.last_id},"
+        f" {count_of(summary.aggregates, 'aggregate')}{span}, {summary.payload_bytes:,} bytes of payload"
     ]
 
 
-def _count(n: int, noun: str) -> str:
+def count_of(n: int, noun: str) -> str:
+    """``1 message``, ``2 messages``."""
     return f"{n:,} {noun}" + ("" if n == 1 else "s")

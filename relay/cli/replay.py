@@ -41,6 +41,7 @@ from relay.replay import (
     ReplayReport,
     Selection,
     check_run_id,
+    count_of,
     new_run_id,
     summary_lines,
 )
@@ -253,7 +254,8 @@ class _Resume:
         self.rate = rate
         self.to_destination = to_destination
 
-    def command(self, from_id: int) -> str:
+    def command(self, from_id: int) -> tuple[str, bool]:
+        """The command, and whether a password in it was masked."""
         s = self.selection
         args = ["relay", "replay", "--from-id", str(from_id)]
         if s.to_id is not None and s.to_id != MAX_ID:
@@ -273,7 +275,9 @@ class _Resume:
         if self.rate is not None:
             args += ["--rate", self.rate]
         args += ["--run-id", self.run_id, *_given_options()]
-        return mask(shlex.join(args))
+        text = shlex.join(args)
+        shown_text = mask(text)
+        return shown_text, shown_text != text
 
 
 def _given_options() -> list[str]:
@@ -305,24 +309,30 @@ def _finish(report: ReplayReport, resume: _Resume) -> int:
     rate = report.published / report.elapsed_s if report.elapsed_s > 0 else 0.0
     took = format_duration_s(report.elapsed_s)
     click.echo(
-        f"replay {report.run_id}: {report.published:,} of {report.total:,} messages published in {took}"
+        f"replay {report.run_id}: {report.published:,} of {count_of(report.total, 'message')} published in {took}"
         f" ({rate:,.0f} msg/s); the outbox was not changed"
     )
     if report.gone:
-        click.echo(f"{report.gone:,} selected messages were pruned or re-driven meanwhile and were not replayed")
+        click.echo(f"{count_of(report.gone, 'selected message')} pruned or re-driven meanwhile, not replayed")
     if report.failed:
         first_id, first_reason = report.failed[0]
-        held = f"; {report.held_back:,} behind them in their aggregates were held back" if report.held_back else ""
+        held = ""
+        if report.held_back:
+            verb = "was" if report.held_back == 1 else "were"
+            held = f"; {count_of(report.held_back, 'message')} after them in their aggregates {verb} held back"
         click.echo(
-            f"{len(report.failed):,} messages could not be replayed (first: id {first_id}: {first_reason}){held}"
+            f"{count_of(len(report.failed), 'message')} could not be replayed (first: id {first_id}: {first_reason})"
+            f"{held}"
         )
         shown_ids = ", ".join(str(i) for i, _ in report.failed[:20])
         more = f" and {len(report.failed) - 20:,} more" if len(report.failed) > 20 else ""
         click.echo(f"not replayed: {shown_ids}{more}")
     if report.resume_from is not None:
         why = "interrupted" if report.interrupted else "to replay the rest once the cause is fixed"
-        click.echo(f"{why}; the rest (from id {report.resume_from}) is replayed by:")
-        click.echo(f"  {resume.command(report.resume_from)}")
+        command, masked = resume.command(report.resume_from)
+        note = " (passwords are shown as ***: put them back, or set them in RELAY_* variables)" if masked else ""
+        click.echo(f"{why}; the rest (from id {report.resume_from}) is replayed by{note}:")
+        click.echo(f"  {command}")
     if report.interrupted:
         return EXIT_INTERRUPTED
     return 0 if report.complete else 1
