@@ -58,12 +58,14 @@ test-faults: venv
 	  $(BIN)/pytest -m faults -s $(PYTEST_ARGS) || exit 1; done
 
 # Benchmarks (scripts, not tests): each prints its figures beside a baseline from the same run.
-# bench_producer needs pgbench (Debian: postgresql-client); bench_scale needs RabbitMQ too
+# bench_producer needs pgbench (Debian: postgresql-client); bench_scale and bench_replay need
+# RabbitMQ too
 # (BENCH_SCALE_ARGS=--quick for a smoke run).
 bench: venv
 	$(BIN)/python scripts/bench_db.py
 	$(BIN)/python scripts/bench_producer.py
 	$(BIN)/python scripts/bench_scale.py $(BENCH_SCALE_ARGS)
+	$(BIN)/python scripts/bench_replay.py $(BENCH_REPLAY_ARGS)
 
 bench-rabbitmq: venv
 	$(BIN)/python scripts/bench_rabbitmq.py
