@@ -59,8 +59,8 @@ test-faults: venv
 
 # Benchmarks (scripts, not tests): each prints its figures beside a baseline from the same run.
 # bench_producer needs pgbench (Debian: postgresql-client); bench_scale and bench_replay need
-# RabbitMQ too
-# (BENCH_SCALE_ARGS=--quick for a smoke run).
+# RabbitMQ too (BENCH_SCALE_ARGS=--quick, BENCH_REPLAY_ARGS='--messages 5000 --rounds 1' for
+# a smoke run).
 bench: venv
 	$(BIN)/python scripts/bench_db.py
 	$(BIN)/python scripts/bench_producer.py
