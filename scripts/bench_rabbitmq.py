@@ -434,8 +434,8 @@ async def bench(args: argparse.Namespace) -> float:
     return statistics.median(ratios)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="relay end to end vs raw aio-pika with confirms, same RabbitMQ")
+def add_outbox_arguments(p: argparse.ArgumentParser) -> None:
+    """The services, the outbox's events and the relay's size: this script's and bench_replay's."""
     p.add_argument("--dsn", default=os.environ.get("RELAY_TEST_DSN", DEFAULT_DSN))
     p.add_argument("--amqp-url", default=os.environ.get("RELAY_TEST_AMQP_URL", DEFAULT_AMQP_URL))
     p.add_argument("--messages", "-n", type=int, default=20_000)
@@ -444,6 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--rounds", type=int, default=3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="relay end to end vs raw aio-pika with confirms, same RabbitMQ")
+    add_outbox_arguments(p)
     p.add_argument("--ordered", action="store_true", help="route every event type through the ordered claim")
     p.add_argument(
         "--compare-unpipelined", action="store_true", help="also run the relay with --no-pipeline in every round"

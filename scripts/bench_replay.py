@@ -49,10 +49,9 @@ sys.path.insert(0, str(ROOT))
 from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from scripts.bench_rabbitmq import (
-    DEFAULT_AMQP_URL,
-    DEFAULT_DSN,
     EVENT_TYPES,
     Topology,
+    add_outbox_arguments,
     make_events,
     relay_bin,
     relay_run,
@@ -167,14 +166,7 @@ def latency_leg(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="relay replay beside the live relay, same data, same RabbitMQ")
-    p.add_argument("--dsn", default=os.environ.get("RELAY_TEST_DSN", DEFAULT_DSN))
-    p.add_argument("--amqp-url", default=os.environ.get("RELAY_TEST_AMQP_URL", DEFAULT_AMQP_URL))
-    p.add_argument("--messages", "-n", type=int, default=20_000)
-    p.add_argument("--aggregates", type=int, default=1_000)
-    p.add_argument("--payload-bytes", type=int, default=200)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--rounds", type=int, default=3)
+    add_outbox_arguments(p)
     p.add_argument("--unordered", action="store_true", help="route every event type through the unordered claim")
     p.add_argument("--rate", type=float, default=300.0, help="live rows per second in the latency leg")
     p.add_argument("--seconds", type=float, default=10.0, help="how long the latency leg's producers write")

@@ -12,6 +12,7 @@ import asyncio
 import re
 import shlex
 import signal
+import threading
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -43,20 +44,28 @@ def per_aggregate_ordered(arrivals: Iterable[tuple[int, str, str]]) -> dict[str,
     return dict(got)
 
 
-async def history_through_a_live_relay(
-    pg_dsn: str, names: OutboxNames, db: Db, live: RelayProcess, prefix: str, seeds: tuple[int, int]
-) -> tuple[CommitLog, CommitLog]:
-    """Producers that lock and producers that do not write; the live relay delivers it all."""
-    locked, unlocked, producing = producers_both_ways(
+def start_producers(
+    pg_dsn: str, names: OutboxNames, prefix: str, seeds: tuple[int, int], transactions: int = 25
+) -> tuple[CommitLog, CommitLog, threading.Thread]:
+    """Producers that lock their aggregates and producers that do not, on aggregates of
+    their own (named ``prefix``-L and -U), writing in the background."""
+    return producers_both_ways(
         pg_dsn,
         names,
         locked_aggregates=[f"{prefix}-L{i}" for i in range(6)],
         unlocked_aggregates=[f"{prefix}-U{i}" for i in range(4)],
-        locked_tx=25,
-        unlocked_rounds=25,
+        locked_tx=transactions,
+        unlocked_rounds=transactions,
         seeds=seeds,
         locked_options={"unordered_type": "EmailQueued"},
     )
+
+
+async def history_through_a_live_relay(
+    pg_dsn: str, names: OutboxNames, db: Db, live: RelayProcess, prefix: str, seeds: tuple[int, int]
+) -> tuple[CommitLog, CommitLog]:
+    """Both kinds of producers write; the live relay delivers it all."""
+    locked, unlocked, producing = start_producers(pg_dsn, names, prefix, seeds)
     await asyncio.to_thread(producing.join)
     await wait_for_done(db, live)
     return locked, unlocked
@@ -102,15 +111,7 @@ async def test_replay_of_an_id_range_into_a_fresh_rabbitmq_queue_while_the_live_
     fresh = await rabbit.queue()  # a new consumer's own queue, reached through the default exchange
 
     # New rows keep coming while the replay runs, and the live relay delivers them.
-    more_locked, more_unlocked, producing = producers_both_ways(
-        pg_dsn,
-        names,
-        locked_aggregates=[f"n-L{i}" for i in range(4)],
-        unlocked_aggregates=[f"n-U{i}" for i in range(3)],
-        locked_tx=30,
-        unlocked_rounds=20,
-        seeds=(3, 4),
-    )
+    more_locked, more_unlocked, producing = start_producers(pg_dsn, names, "n", (3, 4), transactions=30)
     proc = await asyncio.to_thread(
         run_relay,
         "replay", "--dsn", pg_dsn, "--schema", names.schema, "--broker", "rabbitmq",
