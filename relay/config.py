@@ -183,6 +183,13 @@ OPERATE_OPTIONS: tuple[Option, ...] = (
         minimum=SECOND,
         maximum=7 * DAY,
     ),
+    Option(
+        "otel",
+        "bool",
+        False,
+        "Trace with OpenTelemetry: a span per message (the consumer continues the producer's trace) and per"
+        " claim, exported as the OTEL_* variables say; needs pip install 'outbox-relay[otel]'.",
+    ),
 )
 
 LOG_OPTIONS: tuple[Option, ...] = (

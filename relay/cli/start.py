@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from adapters.registry import create_publisher
+from adapters.registry import create_publisher, max_envelope_fields
 from relay import logs
 from relay.cli.common import BROKER_OPTIONS, settings_for, with_options
 from relay.config import CORE_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS, RelaySettings
@@ -18,6 +18,7 @@ from relay.options import load_file
 from relay.routes import ROUTES_OPTION, Router, default_destination, parse_routes, shown_destination
 from relay.routing import RoutedPublisher
 from relay.shared_settings import given_settings
+from relay.tracing import tracing_for
 
 START_ALL = (*CORE_OPTIONS, *START_OPTIONS, ROUTES_OPTION, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
 
@@ -36,6 +37,8 @@ def start_cmd(**cli_values: Any) -> None:
     # at start, never written (`relay settings set` changes those).
     given = given_settings(values, cli_values, load_file(config_path), os.environ)
     publisher = publisher_for(settings, values)
+    # OpenTelemetry is imported here or never: without --otel this is relay.tracing's no-op.
+    tracing = tracing_for(values, max_envelope_fields=max_envelope_fields(settings.broker))
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -51,9 +54,12 @@ def start_cmd(**cli_values: Any) -> None:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
-        await run_relay(settings, publisher, stop, operate=Operations.from_values(values), given=given)
+        await run_relay(settings, publisher, stop, operate=Operations.from_values(values), given=given, tracing=tracing)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        tracing.shutdown()  # the spans still buffered reach the collector
 
 
 def publisher_for(settings: RelaySettings, values: dict[str, Any]) -> Publisher:
