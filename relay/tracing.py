@@ -362,11 +362,12 @@ class OtelTracing:
     def _carrying(self, m: OutboxMessage, span: Span) -> OutboxMessage:
         """``m`` with ``span``'s traceparent in its headers (the producer's tracestate and
         every other header unchanged); ``m`` itself where it cannot take one more."""
-        carrier: dict[str, str] = {}
-        self._propagator.inject(carrier, context=self._trace.set_span_in_context(span))
-        traceparent = carrier.get("traceparent")
-        if traceparent is None:  # a span without a valid context (tracing disabled by the SDK)
+        context = span.get_span_context()
+        if not context.is_valid:  # a span without a valid context (the SDK disabled)
             return m
+        # What TraceContextTextMapPropagator.inject writes, without the Context it builds
+        # for each message (the tracestate is the producer's own, left as written).
+        traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
         replaces = m.headers is not None and "traceparent" in m.headers
         if not replaces and self._max_fields is not None and len(m.envelope()) >= self._max_fields:
             # One more attribute than SQS/SNS take would send the message to dead: it goes
