@@ -29,6 +29,7 @@ method call per batch: no allocation per message, the same list handed back.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import time
@@ -401,7 +402,9 @@ class _OtelSpans:
             if outcome is None:
                 span.set_status(status(code.OK))
             else:
-                span.set_attribute("error.type", failure_class(outcome))
+                # A cancellation (shutdown past its grace) is not a broker's failure class.
+                cancelled = isinstance(outcome, asyncio.CancelledError)
+                span.set_attribute("error.type", "cancelled" if cancelled else failure_class(outcome))
                 span.set_status(status(code.ERROR, _described(outcome)))
             span.end()
 

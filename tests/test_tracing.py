@@ -231,6 +231,42 @@ async def test_sqs_span_attributes_and_a_message_already_at_ten_attributes_goes_
     assert "outbox.traceparent_sent" not in (by_id[room].attributes or {})
 
 
+async def test_a_publish_that_times_out_or_is_cancelled_at_shutdown_ends_its_spans_as_errors(
+    pg_dsn: str, names: OutboxNames, db: Db, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    from adapters.memory import STALL, InMemoryPublisher
+    from tests.helpers import settings_for
+
+    provider, exporter = spans
+    insert(db, "o-1", {"traceparent": TRACEPARENT})
+    publisher = InMemoryPublisher(script=lambda m: STALL)  # a broker that never answers
+    settings = settings_for(
+        pg_dsn, names, workers=1, publish_timeout=timedelta(milliseconds=500), shutdown_grace=timedelta(0)
+    )
+    tracing = tracing_for({"otel": True, "broker": "log"}, provider=provider)
+
+    def timed_out() -> bool:
+        return any((s.attributes or {}).get("error.type") == "timeout" for s in publish_spans(exporter).values())
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_relay(settings, publisher, stop, tracing=tracing))
+    try:
+        assert await wait_until_async(timed_out, timeout=10)
+        db.make_available()  # claimed again at once, and stalls again
+        assert await wait_until_async(lambda: db.statuses() == {"processing": 1}, timeout=10)
+        await asyncio.sleep(0.1)  # the second publish is in flight (it would time out after 0.5 s)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    ended = [s for s in exporter.get_finished_spans() if s.name.startswith("outbox publish ")]
+    assert [s.status.status_code for s in ended] == [StatusCode.ERROR, StatusCode.ERROR], ended
+    assert (ended[0].status.description or "").startswith("RetryableError: publish timed out after 0.5s")
+    assert ended[1].status.description == "CancelledError"  # shutdown past its grace
+    assert [(s.attributes or {}).get("error.type") for s in ended] == ["timeout", "cancelled"]
+    assert all(s.parent is not None and s.parent.span_id == PRODUCER_SPAN for s in ended)
+    assert db.statuses() == {"pending": 1}
+
+
 def test_tracing_off_hands_back_the_same_list_and_records_nothing() -> None:
     assert tracing_for({"otel": False}) is NO_TRACING
     messages = [outbox_message(1, headers={"traceparent": TRACEPARENT})]
