@@ -37,6 +37,15 @@ def create_publisher(broker: str, values: Mapping[str, Any], limits: PublishLimi
     return publisher
 
 
+def max_envelope_fields(broker: str) -> int | None:
+    """How many fields the envelope (the relay's and the producer's headers) may hold on
+    ``broker``'s wire, None for no limit of that kind: an adapter with one declares it as
+    ``MAX_ENVELOPE_FIELDS`` (SQS and SNS take 10 message attributes)."""
+    module = _load(_MODULES[broker])
+    limit = getattr(module, "MAX_ENVELOPE_FIELDS", None)
+    return None if limit is None else int(limit)
+
+
 def _load(name: str) -> Any:
     try:
         return importlib.import_module(name)

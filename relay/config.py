@@ -154,6 +154,16 @@ START_OPTIONS: tuple[Option, ...] = (
     ),
 )
 
+# --otel (relay.tracing.tracing_for reads it); named so that other commands that publish
+# (relay replay) declare the same option.
+OTEL_OPTION = Option(
+    "otel",
+    "bool",
+    False,
+    "Trace with OpenTelemetry: a span per message (the consumer continues the producer's trace) and per"
+    " claim, exported as the OTEL_* variables say; needs pip install 'outbox-relay[otel]'.",
+)
+
 OPERATE_OPTIONS: tuple[Option, ...] = (
     Option(
         "metrics_port",
@@ -183,6 +193,7 @@ OPERATE_OPTIONS: tuple[Option, ...] = (
         minimum=SECOND,
         maximum=7 * DAY,
     ),
+    OTEL_OPTION,
 )
 
 LOG_OPTIONS: tuple[Option, ...] = (

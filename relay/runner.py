@@ -25,6 +25,7 @@ from relay.oversize import OversizeTurn
 from relay.shared_settings import Given, SharedSettings, disagreements, read_settings
 from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
+from relay.tracing import Tracing
 from relay.wakeup import Presence, listen
 from relay.worker import Worker, WorkerStats
 
@@ -74,6 +75,7 @@ async def run_relay(
     *,
     operate: Operations | None = None,
     given: Sequence[Given] = (),
+    tracing: Tracing | None = None,
 ) -> RunResult:
     """Dispatch with ``settings.workers`` workers until ``stop`` is set.
 
@@ -85,6 +87,8 @@ async def run_relay(
     On stop, workers finish the batch in hand; whatever is still publishing after
     ``settings.shutdown_grace`` is cancelled, and its rows are handed back without
     spending an attempt. An unexpected error in one worker stops the others and is raised.
+
+    ``tracing`` (relay.tracing) is the workers' spans; the caller shuts it down.
     """
     operate = operate or Operations()
     # One connection per worker plus one spare: a worker holds at most one at a time.
@@ -99,7 +103,8 @@ async def run_relay(
             log.warning("%s", line)
         await publisher.start()
         try:
-            return await _run(settings, operate, publisher, OutboxStore(pool, settings.names), stored, pool, stop)
+            store = OutboxStore(pool, settings.names)
+            return await _run(settings, operate, publisher, store, stored, pool, stop, tracing)
         finally:
             await publisher.close()
     finally:
@@ -143,6 +148,7 @@ async def _run(
     stored: SharedSettings,
     pool: AsyncConnectionPool[Any],
     stop: asyncio.Event,
+    tracing: Tracing | None,
 ) -> RunResult:
     metrics = None
     if operate.metrics_port is not None:
@@ -172,6 +178,7 @@ async def _run(
             metrics=metrics,
             oversize=oversize,
             presence=presence,
+            tracing=tracing,
         )
         for owner, event in zip(owners, events, strict=True)
     ]
@@ -214,12 +221,13 @@ async def _run(
             )
         )
     log.info(
-        "relay started: %d workers, broker %s, outbox %s, ordering %s (stored), wake-ups %s",
+        "relay started: %d workers, broker %s, outbox %s, ordering %s (stored), wake-ups %s%s",
         len(workers),
         publisher.name,
         settings.names.qualified,
         stored.ordering.describe(),
         "on" if listening else f"off (polling every {settings.worker.poll_interval.total_seconds():g}s)",
+        ", tracing on" if tracing is not None and tracing.enabled else "",
     )
     try:
         await _supervise([asyncio.create_task(w.run(stop)) for w in workers], stop, settings.shutdown_grace)

@@ -26,6 +26,7 @@ from relay.message import Decision, Kind, OutboxMessage, log_fields
 from relay.oversize import OversizeTurn
 from relay.sleep import sleep_unless_stopped
 from relay.store import DEFAULT_BATCH_BYTES, OutboxStore, Reaped
+from relay.tracing import NO_TRACING, Tracing
 from relay.wakeup import Presence
 
 log = logging.getLogger("relay.worker")
@@ -162,9 +163,11 @@ class Worker:
         metrics: MetricsSink | None = None,
         oversize: OversizeTurn | None = None,
         presence: Presence | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """``presence``: the process's row that tells producers whether to wake it (only
-        when the process LISTENs); without one the worker just polls between wake-ups."""
+        when the process LISTENs); without one the worker just polls between wake-ups.
+        ``tracing``: spans per claim and per message (relay.tracing); off by default."""
         self.store = store
         self.publisher = publisher
         self.owner = owner
@@ -175,6 +178,7 @@ class Worker:
         # Shared by the workers of a process (relay.runner); one of its own otherwise.
         self.oversize = oversize or OversizeTurn()
         self.presence = presence
+        self.tracing = tracing or NO_TRACING
         self.stats = WorkerStats()
         self._ordered_first = True
         self._last_housekeeping = float("-inf")
@@ -367,16 +371,23 @@ class Worker:
         # Only the worker holding the process's turn may claim a message over the budget.
         oversize = budget is None and self.oversize.take(self.owner)
         try:
-            claim = await self.store.claim(
-                owner=self.owner,
-                batch=batch_size,
-                batch_bytes=self.config.batch_bytes if budget is None else budget,
-                oversize=oversize,
-                lease=self.config.lease,
-                max_attempts=self.config.policy.max_attempts,
-                ordered_first=self._ordered_first,
-                housekeeping=housekeeping,
-            )
+            with self.tracing.claim_span(owner=self.owner, limit=batch_size, ahead=budget is not None) as span:
+                claim = await self.store.claim(
+                    owner=self.owner,
+                    batch=batch_size,
+                    batch_bytes=self.config.batch_bytes if budget is None else budget,
+                    oversize=oversize,
+                    lease=self.config.lease,
+                    max_attempts=self.config.policy.max_attempts,
+                    ordered_first=self._ordered_first,
+                    housekeeping=housekeeping,
+                )
+                span.claimed(
+                    messages=len(claim.messages),
+                    unreadable=len(claim.unreadable),
+                    reaped=len(claim.reaped),
+                    payload_bytes=sum(len(m.body) for m in claim.messages) if self.tracing.enabled else 0,
+                )
         except BaseException:
             if oversize:
                 self.oversize.release(self.owner)
@@ -420,7 +431,14 @@ class Worker:
             if batch.probe:
                 self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
             return [Decision.released(m, LEASE_RAN_OUT) for m in messages]
-        outcomes = await self._publish(messages, timeout)
+        # The messages sent carry their spans' traceparent; decisions are about the rows.
+        sent, spans = self.tracing.begin_publish(messages)
+        try:
+            outcomes = await self._publish(sent, timeout)
+        except BaseException as exc:  # cancelled (shutdown past its grace)
+            spans.end([exc] * len(sent))
+            raise
+        spans.end(outcomes)
         # One paused destination of several (relay.routing) does not stop the claims:
         # only the broker refusing everything does.
         unavailable = [

@@ -21,6 +21,9 @@ behind a direct exchange, on confirm channels:
   (PostgreSQL claim, publish with confirms, fenced finalize: the whole path);
 - relay, unpipelined (``--compare-unpipelined``): the same with ``--no-pipeline``, in the
   same round, so the two dispatch loops are compared under the same load.
+- relay, traced (``--compare-otel``): the same with ``--otel`` and ``OTEL_TRACES_EXPORTER=none``,
+  in the same round: the spans are made and the messages carry their traceparent, but
+  nothing is exported, so the cost is the tracing's own, not a collector's.
 - baseline relay (``--baseline-relay PATH``): another checkout's ``relay`` executable (say,
   the branch's base in a venv of its own), also in every round: before and after a change
   under the same load.
@@ -296,9 +299,11 @@ def relay_run(
     ordered: bool,
     extra: tuple[str, ...] = (),
     binary: tuple[str, ...] = (),
+    variables: tuple[tuple[str, str], ...] = (),
 ) -> tuple[float, str]:
     """Seconds from the first row leaving 'pending' to every row 'done', and where the CPU went."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update(variables)
     log_path = Path(tempfile.gettempdir()) / "relay-bench-rabbitmq.log"
     command = [
         *(binary or relay_bin()), "start", "--dsn", args.dsn, "--schema", names.schema,
@@ -383,17 +388,20 @@ async def bench(args: argparse.Namespace) -> float:
                 idiomatic = max(raw[k] for k in raw if k[0] == "exchange")
                 await topology.purge()
                 adapter_rate = n / await adapter_run(settings, messages, args.workers, args.batch_size)
-                variants: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [("relay", (), ())]
+                Variant = tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]]
+                variants: list[Variant] = [("relay", (), (), ())]
                 if args.compare_unpipelined:
-                    variants.append(("relay --no-pipeline", ("--no-pipeline",), ()))
+                    variants.append(("relay --no-pipeline", ("--no-pipeline",), (), ()))
+                if args.compare_otel:
+                    variants.append(("relay --otel", ("--otel",), (), (("OTEL_TRACES_EXPORTER", "none"),)))
                 if args.baseline_relay:
-                    variants.append(("baseline relay", (), (args.baseline_relay,)))
+                    variants.append(("baseline relay", (), (args.baseline_relay,), ()))
                 notes = []
-                for label, extra, binary in variants:
+                for label, extra, binary, variables in variants:
                     await topology.purge()
                     await seed_outbox(args.dsn, names, events, ordering)
                     took, cpu = await asyncio.to_thread(
-                        relay_run, args, names, topology.exchange, n, args.ordered, extra, binary
+                        relay_run, args, names, topology.exchange, n, args.ordered, extra, binary, variables
                     )
                     delivered = await topology.count()
                     if delivered < n:
@@ -452,6 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ordered", action="store_true", help="route every event type through the ordered claim")
     p.add_argument(
         "--compare-unpipelined", action="store_true", help="also run the relay with --no-pipeline in every round"
+    )
+    p.add_argument(
+        "--compare-otel",
+        action="store_true",
+        help="also run the relay with --otel (OTEL_TRACES_EXPORTER=none: spans made, none exported) in every round",
     )
     p.add_argument(
         "--baseline-relay",

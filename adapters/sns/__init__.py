@@ -32,6 +32,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from adapters.aws.entries import MAX_ATTRIBUTES
 from adapters.aws.settings import warn_if_slow
 from adapters.sns.settings import OPTIONS, SnsSettings
 from relay.contract import PublishLimits
@@ -39,9 +40,12 @@ from relay.contract import PublishLimits
 if TYPE_CHECKING:
     from adapters.sns.publisher import SnsPublisher
 
-__all__ = ["OPTIONS", "SnsSettings", "create"]
+__all__ = ["MAX_ENVELOPE_FIELDS", "OPTIONS", "SnsSettings", "create"]
 
 log = logging.getLogger("adapters.sns")
+
+# Message attributes a message may carry (relay.tracing leaves out a traceparent past it).
+MAX_ENVELOPE_FIELDS = MAX_ATTRIBUTES
 
 
 def create(values: Mapping[str, Any], limits: PublishLimits) -> SnsPublisher:

@@ -29,6 +29,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from adapters.aws.entries import MAX_ATTRIBUTES
 from adapters.aws.settings import warn_if_slow
 from adapters.sqs.settings import OPTIONS, SqsSettings
 from relay.contract import PublishLimits
@@ -36,9 +37,12 @@ from relay.contract import PublishLimits
 if TYPE_CHECKING:
     from adapters.sqs.publisher import SqsPublisher
 
-__all__ = ["OPTIONS", "SqsSettings", "create"]
+__all__ = ["MAX_ENVELOPE_FIELDS", "OPTIONS", "SqsSettings", "create"]
 
 log = logging.getLogger("adapters.sqs")
+
+# Message attributes a message may carry (relay.tracing leaves out a traceparent past it).
+MAX_ENVELOPE_FIELDS = MAX_ATTRIBUTES
 
 
 def create(values: Mapping[str, Any], limits: PublishLimits) -> SqsPublisher:

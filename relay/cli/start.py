@@ -9,12 +9,14 @@ from typing import Any
 
 import click
 
+from adapters.registry import max_envelope_fields
 from relay import logs
 from relay.cli.common import BROKER_OPTIONS, publisher_for, settings_for, with_options
 from relay.config import CORE_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.options import load_file
 from relay.routes import ROUTES_OPTION
 from relay.shared_settings import given_settings
+from relay.tracing import tracing_for
 
 START_ALL = (*CORE_OPTIONS, *START_OPTIONS, ROUTES_OPTION, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
 
@@ -33,6 +35,8 @@ def start_cmd(**cli_values: Any) -> None:
     # at start, never written (`relay settings set` changes those).
     given = given_settings(values, cli_values, load_file(config_path), os.environ)
     publisher = publisher_for(settings.broker, values, settings.publish_limits)
+    # OpenTelemetry is imported here or never: without --otel this is relay.tracing's no-op.
+    tracing = tracing_for(values, max_envelope_fields=max_envelope_fields(settings.broker))
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -48,6 +52,9 @@ def start_cmd(**cli_values: Any) -> None:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
-        await run_relay(settings, publisher, stop, operate=Operations.from_values(values), given=given)
+        await run_relay(settings, publisher, stop, operate=Operations.from_values(values), given=given, tracing=tracing)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        tracing.shutdown()  # the spans still buffered reach the collector
