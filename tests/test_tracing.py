@@ -26,7 +26,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from psycopg import sql
 
 from adapters.registry import max_envelope_fields
-from relay.cli.start import START_ALL, publisher_for
+from relay.cli.common import publisher_for
+from relay.cli.start import START_ALL
 from relay.config import RelaySettings
 from relay.errors import ConfigError
 from relay.options import resolve
@@ -90,7 +91,7 @@ async def relay_until(db: Db, values: dict[str, Any], provider: TracerProvider, 
     tracing from the option values, over ``provider``) until the outbox's statuses are
     ``done``, then a few idle polls more."""
     settings = RelaySettings.from_values(values)
-    publisher = publisher_for(settings, values)
+    publisher = publisher_for(settings.broker, values, settings.publish_limits)
     tracing = tracing_for(values, provider=provider, max_envelope_fields=max_envelope_fields(settings.broker))
     assert tracing is not NO_TRACING
     stop = asyncio.Event()
