@@ -43,6 +43,7 @@ from relay.ordering import names_and_patterns
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 from relay.store import Unreadable, message_from_row, payload_cursor
+from relay.tracing import NO_TRACING, Tracing
 
 log = logging.getLogger("relay.replay")
 
@@ -277,12 +278,15 @@ class Replayer:
         limits: ReplayLimits,
         *,
         progress: Callable[[ReplayReport], None] | None = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self.plan = plan
         self.publisher = publisher
         self.run_id = run_id
         self.limits = limits
         self.progress = progress or (lambda report: None)
+        # Spans as the live relay makes them (relay start --otel), marked as this replay's.
+        self.tracing = tracing
         self.pacer = RatePacer(limits.rate) if limits.rate else None
         self._changed = asyncio.Condition()
         self._ready: list[_Item] = []  # heap by rank: publishable now
@@ -377,7 +381,13 @@ class Replayer:
                     if wait > 0 and await _stopped_within(stop, wait):
                         return  # taken and not sent: they stay above the low-water mark
                 messages = [item.message for item in batch]
-                outcomes = await publish_within(self.publisher, messages, self.limits.publish_timeout.total_seconds())
+                sent, spans = self.tracing.begin_publish(messages, attributes={"outbox.replay": self.run_id})
+                try:
+                    outcomes = await publish_within(self.publisher, sent, self.limits.publish_timeout.total_seconds())
+                except BaseException as exc:  # cancelled
+                    spans.end([exc] * len(sent))
+                    raise
+                spans.end(outcomes)
             finally:
                 async with self._changed:
                     self._out -= len(batch)

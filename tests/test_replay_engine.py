@@ -312,3 +312,40 @@ def test_the_rate_pacer_spaces_batches_by_their_size() -> None:
     now["t"] += 1.0  # idle for a second: no credit is saved up beyond one batch's turn
     assert pacer.delay(25) == 0.0
     assert pacer.delay(1) == pytest.approx(0.5)
+
+
+async def test_with_tracing_each_replayed_message_gets_a_span_marked_as_the_replays(
+    conn: psycopg.AsyncConnection[Any], names: OutboxNames, db: Db
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from relay.tracing import tracing_for
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    [traced, plain] = db.insert([("A", "OrderPlaced", {}), ("B", "OrderPlaced", {})])
+    finish_rows(db, {traced: 1, plain: 1})
+    db.conn.execute(
+        sql.SQL("UPDATE {} SET headers = %s::jsonb WHERE id = %s").format(db.table),
+        (json.dumps({"traceparent": f"00-{trace_id}-{parent}-01", "tracestate": "k=v"}), traced),
+    )
+    tracing = tracing_for({"otel": True}, provider=provider)
+    publisher = InMemoryPublisher()
+    plan = ReplayPlan(conn, names)
+    summary = await plan.take(Selection(from_id=traced))
+    report = await Replayer(plan, publisher, "run-1", FAST, tracing=tracing).run(summary.count, asyncio.Event())
+    assert report.complete
+    spans = {int(str(s.attributes["outbox.id"])): s for s in exporter.get_finished_spans() if s.attributes}
+    assert set(spans) == {traced, plain}
+    span = spans[traced]
+    assert span.name == "outbox publish OrderPlaced" and span.attributes["outbox.replay"] == "run-1"
+    assert span.parent is not None and f"{span.parent.span_id:016x}" == parent
+    assert f"{span.context.trace_id:032x}" == trace_id
+    sent = {m.id: m for m in publisher.delivered}
+    assert sent[traced].envelope()["traceparent"] == f"00-{trace_id}-{span.context.span_id:016x}-01"
+    assert sent[traced].envelope()["tracestate"] == "k=v" and sent[traced].replay == "run-1"
+    assert spans[plain].parent is None, "a row without a traceparent gets a root span"

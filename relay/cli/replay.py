@@ -22,10 +22,11 @@ from typing import Any, TextIO
 
 import click
 
+from adapters.registry import max_envelope_fields
 from relay import logs
 from relay.backoff import Backoff
 from relay.cli.common import BROKER_OPTIONS, check_text, publisher_for, run, settings_for, with_options
-from relay.config import CORE_OPTIONS, LOG_OPTIONS, START_OPTIONS, names_from, require_dsn
+from relay.config import CORE_OPTIONS, LOG_OPTIONS, OTEL_OPTION, START_OPTIONS, names_from, require_dsn
 from relay.contract import BROKERS, PublishLimits
 from relay.db import check_schema, configure_session, connect
 from relay.dsn import mask
@@ -46,6 +47,7 @@ from relay.replay import (
     summary_lines,
 )
 from relay.routes import DEFAULT_DESTINATION, ROUTES_OPTION, destination_namer
+from relay.tracing import tracing_for
 
 log = logging.getLogger("relay.replay")
 
@@ -65,6 +67,7 @@ REPLAY_OPTIONS = (
     *CORE_OPTIONS,
     *(replace(o, help=_SHARED[o.dest] or o.help) for o in START_OPTIONS if o.dest in _SHARED),
     ROUTES_OPTION,
+    OTEL_OPTION,
     *LOG_OPTIONS,
     *BROKER_OPTIONS,
 )
@@ -167,6 +170,8 @@ def replay_cmd(
         values,
         PublishLimits(publish_timeout=limits.publish_timeout, workers=limits.workers, batch_size=limits.batch_size),
     )
+    # OpenTelemetry is imported here or never (relay.tracing's no-op without --otel).
+    tracing = tracing_for(values, max_envelope_fields=max_envelope_fields(broker))
     where = _destinations(values)
     resume = _Resume(selection, run_id, rate, to_destination)
 
@@ -188,13 +193,17 @@ def replay_cmd(
             progress = _Progress(sys.stderr, summary.count)
             await publisher.start()
             try:
-                report = await Replayer(plan, publisher, run_id, limits, progress=progress).run(summary.count, stop)
+                replayer = Replayer(plan, publisher, run_id, limits, progress=progress, tracing=tracing)
+                report = await replayer.run(summary.count, stop)
             finally:
                 await publisher.close()
             progress.close()
             return _finish(report, resume)
 
-    code = run(replay)
+    try:
+        code = run(replay)
+    finally:
+        tracing.shutdown()  # the spans still buffered reach the collector
     if code:
         sys.exit(code)
 
