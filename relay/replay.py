@@ -37,7 +37,16 @@ from relay.backoff import Backoff
 from relay.contract import Outcome, Publisher, publish_within
 from relay.dbtext import SQL_ASCII, server_encoding
 from relay.decide import describe, describe_text
-from relay.errors import BrokerUnavailable, ConfigError, Defer, DestinationUnavailable, RetryableError, shown
+from relay.dsn import mask
+from relay.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    Defer,
+    DestinationUnavailable,
+    RetryableError,
+    first_line,
+    shown,
+)
 from relay.message import OutboxMessage
 from relay.ordering import names_and_patterns
 from relay.sqlfiles import named_queries
@@ -217,6 +226,7 @@ class ReplayReport:
     held_back: int = 0  # behind a failed message of their aggregate, not sent
     gone: int = 0  # pruned, or no longer finished, since the plan was taken
     interrupted: bool = False
+    lost_database: str | None = None  # why reading the plan failed midway, if it did
     resume_from: int | None = None  # --from-id of a run that does the rest; None: nothing left
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
@@ -231,7 +241,7 @@ class ReplayReport:
 
     @property
     def complete(self) -> bool:
-        return not self.interrupted and not self.failed and not self.held_back
+        return not self.interrupted and not self.lost_database and not self.failed and not self.held_back
 
 
 class RatePacer:
@@ -299,10 +309,17 @@ class Replayer:
         self._buffered = 0  # items read and not settled
         self._out = 0  # items being published
         self._read_all = False
+        # Resume points of the ranks read and not confirmed, and of the last rank read: the
+        # resume is computed from these when the plan can no longer be asked (resume_from
+        # never decreases with the rank, so a lower rank's is always safe).
+        self._resume_of: dict[int, int] = {}
+        self._last_read_resume: int | None = None
         self._last_outage_log = float("-inf")
         self.report = ReplayReport(run_id=run_id, total=0)
 
-    async def run(self, total: int, stop: asyncio.Event) -> ReplayReport:
+    async def run(self, total: int, stop: asyncio.Event, *, first_id: int | None = None) -> ReplayReport:
+        """Publish the plan's ``total`` rows until done or ``stop``; ``first_id``, its
+        lowest id, is where a resume starts if the database is lost before a row is read."""
         report = self.report = ReplayReport(run_id=self.run_id, total=total)
         watcher = asyncio.create_task(self._watch(stop))
         try:
@@ -317,10 +334,23 @@ class Replayer:
         finally:
             watcher.cancel()
         report.interrupted = stop.is_set() and self._low <= total
-        report.resume_from = await self.plan.resume_from(self._low) if self._low <= total else None
+        if self._low <= total:
+            report.resume_from = await self._resume_point(first_id)
         report.finished = time.monotonic()
         self.progress(report)
         return report
+
+    async def _resume_point(self, first_id: int | None) -> int | None:
+        """The --from-id that covers every rank from the low-water mark on: the plan's
+        answer, or, when the database cannot be asked, the safe one read already."""
+        if self.report.lost_database is None:
+            try:
+                return await self.plan.resume_from(self._low)
+            except psycopg.Error as exc:
+                self.report.lost_database = mask(first_line(exc))
+        if self._low in self._resume_of:
+            return self._resume_of[self._low]
+        return self._last_read_resume if self._last_read_resume is not None else first_id
 
     # ---- reading the plan
 
@@ -332,7 +362,18 @@ class Replayer:
                 await self._changed.wait_for(lambda: stop.is_set() or self._buffered < window // 2)
             if stop.is_set():
                 return
-            rows = await self.plan.page(after, window - self._buffered, self.limits.batch_bytes * READ_AHEAD_BATCHES)
+            try:
+                rows = await self.plan.page(
+                    after, window - self._buffered, self.limits.batch_bytes * READ_AHEAD_BATCHES
+                )
+            except psycopg.Error as exc:
+                # The plan lived in that session: what is out is finished, and the report
+                # says where a new replay takes over.
+                log.error("replay: reading the plan failed, stopping: %s", mask(first_line(exc)))
+                async with self._changed:
+                    self.report.lost_database = mask(first_line(exc))
+                    self._changed.notify_all()
+                return
             if not rows:
                 break
             after = rows[-1].rank
@@ -346,16 +387,19 @@ class Replayer:
             self._changed.notify_all()
 
     def _admit(self, row: PlanRow) -> None:
+        self._last_read_resume = row.resume_from
         if row.message is None:
             self.report.gone += 1
             self._confirm(row.rank)
             return
         if isinstance(row.message, Unreadable):
             m = row.message.message
+            self._resume_of[row.rank] = row.resume_from
             self._fail(_Item(row.rank, row.resume_from, m, _lane(m)), row.message.reason)
             return
         message = replace(row.message, replay=self.run_id)
         item = _Item(row.rank, row.resume_from, message, _lane(message))
+        self._resume_of[row.rank] = row.resume_from
         self._buffered += 1
         lane = item.lane
         if lane is None:
@@ -402,7 +446,7 @@ class Replayer:
         (everything settled, or told to stop)."""
         async with self._changed:
             while True:
-                if stop.is_set() or self._is_done():
+                if stop.is_set() or self._is_done() or self.report.lost_database:
                     self._changed.notify_all()
                     return []
                 batch = self._take()
@@ -500,6 +544,7 @@ class Replayer:
             self._current.discard(lane)
 
     def _confirm(self, rank: int) -> None:
+        self._resume_of.pop(rank, None)
         self._finished.add(rank)
         while self._low in self._finished:
             self._finished.remove(self._low)

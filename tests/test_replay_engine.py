@@ -349,3 +349,35 @@ async def test_with_tracing_each_replayed_message_gets_a_span_marked_as_the_repl
     assert sent[traced].envelope()["traceparent"] == f"00-{trace_id}-{span.context.span_id:016x}-01"
     assert sent[traced].envelope()["tracestate"] == "k=v" and sent[traced].replay == "run-1"
     assert spans[plain].parent is None, "a row without a traceparent gets a root span"
+
+
+async def test_a_lost_database_stops_the_replay_with_a_resume_point_that_covers_the_rest(
+    conn: psycopg.AsyncConnection[Any], names: OutboxNames, db: Db
+) -> None:
+    expected = history(db, aggregates=10, per_aggregate=40, rng=random.Random(13))
+    pid = conn.info.backend_pid
+    killed = {"done": False}
+
+    def script(m: OutboxMessage) -> None:
+        if len(publisher.delivered) >= 40 and not killed["done"]:
+            killed["done"] = True  # the replay's session is terminated (a failover, an operator)
+            db.conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    publisher = InMemoryPublisher(script=script)
+    plan = ReplayPlan(conn, names)
+    summary = await plan.take(Selection(from_id=1))
+    report = await Replayer(plan, publisher, "run-1", FAST).run(summary.count, asyncio.Event(), first_id=1)
+    assert killed["done"] and report.lost_database and not report.complete
+    assert report.resume_from is not None
+    selected = {r["id"] for r in db.rows()}
+    delivered = set(publisher.delivered_ids())
+    assert {i for i in selected if i < report.resume_from} <= delivered
+    assert len(delivered) < len(selected)
+    async with await psycopg.AsyncConnection.connect(db.conn.info.dsn, autocommit=True) as again_conn:
+        await configure_session(again_conn)
+        again = InMemoryPublisher()
+        report2 = await replay(again_conn, names, again, Selection(from_id=report.resume_from))
+    assert report2.complete
+    both = first_deliveries([*publisher.delivered, *again.delivered])
+    assert {m.id for m in both} == selected
+    assert per_aggregate(both) == expected

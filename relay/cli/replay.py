@@ -194,7 +194,7 @@ def replay_cmd(
             await publisher.start()
             try:
                 replayer = Replayer(plan, publisher, run_id, limits, progress=progress, tracing=tracing)
-                report = await replayer.run(summary.count, stop)
+                report = await replayer.run(summary.count, stop, first_id=summary.first_id)
             finally:
                 await publisher.close()
             progress.close()
@@ -336,6 +336,8 @@ def _finish(report: ReplayReport, resume: _Resume) -> int:
         shown_ids = ", ".join(str(i) for i, _ in report.failed[:20])
         more = f" and {len(report.failed) - 20:,} more" if len(report.failed) > 20 else ""
         click.echo(f"not replayed: {shown_ids}{more}")
+    if report.lost_database:
+        click.echo(f"the database connection was lost, the replay stopped: {report.lost_database}")
     if report.resume_from is not None:
         why = "interrupted" if report.interrupted else "to replay the rest once the cause is fixed"
         command, masked = resume.command(report.resume_from)
