@@ -295,7 +295,7 @@ def _given_options() -> list[str]:
     ctx = click.get_current_context()
     given: list[str] = []
     for param in ctx.command.params:
-        if not isinstance(param, click.Option) or param.name is None or not param.name.startswith(_OPTION_DESTS):
+        if not isinstance(param, click.Option) or param.name not in _OPTION_DESTS:
             continue
         if ctx.get_parameter_source(param.name) != click.core.ParameterSource.COMMANDLINE:
             continue
@@ -311,7 +311,7 @@ def _given_options() -> list[str]:
     return given
 
 
-_OPTION_DESTS = (*(o.dest for o in REPLAY_OPTIONS), "config_path")
+_OPTION_DESTS = frozenset({*(o.dest for o in REPLAY_OPTIONS), "config_path"})
 
 
 def _finish(report: ReplayReport, resume: _Resume) -> int:
