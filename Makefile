@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 RUN_DSN ?= postgresql://postgres@127.0.0.1:5432/test
 RUN_BROKER ?= log
 
-.PHONY: venv run test test-faults lint format demo bench bench-rabbitmq bench-sqs clean
+.PHONY: venv run test test-faults lint format demo bench bench-rabbitmq bench-sqs soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,13 @@ bench-rabbitmq: venv
 
 bench-sqs: venv
 	$(BIN)/python scripts/bench_sqs.py
+
+# Producers and relays (one SIGKILLed every 2 minutes, scheduled prune on) for SOAK_MINUTES at
+# SOAK_RATE rows/s on a PostgreSQL cluster of its own with autovacuum on: does anything grow?
+SOAK_MINUTES ?= 30
+SOAK_RATE ?= 1000
+soak: venv
+	$(BIN)/python scripts/soak.py --minutes $(SOAK_MINUTES) --rate $(SOAK_RATE)
 
 lint: venv
 	$(BIN)/ruff check relay adapters tests scripts
