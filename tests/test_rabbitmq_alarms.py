@@ -28,9 +28,9 @@ from relay.errors import BrokerUnavailable
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.deliveries import ORDERED, check_deliveries, read_queue, store_fleet_ordering
+from tests.producers import fleet_producers, merged
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, outbox_message
 from tests.relay_process import RelayProcess, relay_env
-from tests.test_faults import fleet_producers, merged
 
 # -- without the broker: the reason texts and the cut-short wait -------------------------
 
@@ -117,6 +117,28 @@ async def test_alarm_blocked_publisher_refuses_at_once_and_delivers_after_the_un
     # The in-flight batch reached the broker before the block: the broker may have taken it
     # once it read on (a duplicate of the retry); the batch refused while blocked, never.
     assert not {m.id for m in refused} & set(ids)
+
+
+@pytest.mark.faults
+async def test_alarm_blocking_one_batch_cuts_short_another_batch_opening_its_channel(
+    rabbit: Rabbit, ctl: BrokerControl
+) -> None:
+    queue = await rabbit.queue()
+    publisher = await rabbit.publisher(routing_key=queue, confirm_timeout=timedelta(seconds=20))
+    assert await publisher.publish([outbox_message()]) == [None]  # leaves one idle channel
+    with ctl.memory_alarm():
+        started = time.monotonic()
+        # The first takes the idle channel and publishes (which gets the connection blocked);
+        # the second opens a channel, an open the blocked broker does not read.
+        first, second = await asyncio.gather(
+            publisher.publish([outbox_message()]), publisher.publish([outbox_message()])
+        )
+        took = time.monotonic() - started
+    for outcome in (*first, *second):
+        assert isinstance(outcome, BrokerUnavailable) and str(outcome).startswith("blocked: memory"), outcome
+    # Not the 5 s channel-open timeout: a relay's publish timeout would cut that short and
+    # spend the attempt.
+    assert took < 1, took
 
 
 # -- a relay process under a real memory alarm --------------------------------------------

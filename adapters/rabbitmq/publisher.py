@@ -242,11 +242,15 @@ class RabbitPublisher:
                 return lane
         try:
             channel = aio_pika.Channel(connection, publisher_confirms=True, on_return_raises=True)
-            await asyncio.wait_for(channel.initialize(), CHANNEL_OPEN_TIMEOUT_S)
+            async with asyncio.timeout(CHANNEL_OPEN_TIMEOUT_S) as opening:
+                # Another batch's publish can get the connection blocked meanwhile; the
+                # broker would not answer the open before the unblock.
+                with self._blocking.cut_short(opening):
+                    await channel.initialize()
             # aio-pika builds on aiormq's Channel, whose basic_publish takes `wait`.
             underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
         except _CHANNEL_ERRORS as exc:
-            return self._unreachable(f"cannot open a channel: {describe(exc)}")
+            return self._blocking.refusal() or self._unreachable(f"cannot open a channel: {describe(exc)}")
         return _Lane(channel, underlay)
 
     def _release(self, lane: _Lane, reusable: bool) -> None:
