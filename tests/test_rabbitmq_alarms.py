@@ -141,6 +141,28 @@ async def test_alarm_blocking_one_batch_cuts_short_another_batch_opening_its_cha
     assert took < 1, took
 
 
+@pytest.mark.faults
+async def test_alarm_blocked_publisher_closes_without_waiting_on_each_channel(
+    rabbit: Rabbit, ctl: BrokerControl
+) -> None:
+    queue = await rabbit.queue()
+    publisher = await rabbit.publisher(routing_key=queue)
+    # Four batches side by side leave four idle channels.
+    await asyncio.gather(*(publisher.publish([outbox_message()]) for _ in range(4)))
+    with ctl.memory_alarm():
+        [blocked] = await publisher.publish([outbox_message()])
+        assert isinstance(blocked, BrokerUnavailable), blocked
+        started = time.monotonic()
+        await publisher.close()
+        took = time.monotonic() - started
+    # The blocked broker answers no Channel.Close: closing each idle channel, or waiting for
+    # the close of the one the block cut short, would wait out 2 s apiece, and a relay stopped
+    # during an alarm could overrun its shutdown grace. What is left is the connection's own
+    # close, which the broker does not answer either (about 2 s).
+    assert took < 3, took
+    print(f"\n  a blocked publisher closed in {took:.1f}s")
+
+
 # -- a relay process under a real memory alarm --------------------------------------------
 
 
@@ -250,3 +272,41 @@ async def test_alarm_memory_holds_every_row_pending_without_attempts_and_deliver
         f" 0 attempts; after the restore the first delivered in {first_done:.2f}s, all in {all_done:.2f}s;"
         f" {sum(duplicates.values())} duplicates"
     )
+
+
+@pytest.mark.faults
+async def test_alarm_sigterm_during_a_memory_alarm_exits_0_in_time_and_spends_nothing(
+    pg_dsn: str,
+    names: OutboxNames,
+    db: Db,
+    rabbit: Rabbit,
+    amqp: AmqpService,
+    ctl: BrokerControl,
+) -> None:
+    exchange = await rabbit.exchange("direct")
+    await rabbit.queue(bind=(exchange, "outbox"))
+    args = [
+        "--schema", names.schema, "--broker", "rabbitmq", "--exchange", exchange, "--routing-key", "outbox",
+        "--workers", "4", "--batch-size", "20", "--publish-timeout", "1s", "--poll-interval", "200ms",
+        "--max-attempts", "3", "--shutdown-grace", "5s",
+    ]  # fmt: skip
+    env = relay_env(RELAY_DSN=pg_dsn, RELAY_AMQP_URL=amqp.url, RELAY_LOG_LEVEL="warning")
+    with RelayProcess("start", *args, env=env) as relay:
+        # Enough at once for every worker to open a channel of its own.
+        db.insert((f"warm-{i}", "EmailQueued", {"i": i}) for i in range(400))
+        while db.statuses() != {"done": 400}:
+            await asyncio.sleep(0.1)
+        with ctl.memory_alarm():
+            during = db.insert((f"order-{i % 7}", "OrderPlaced", {"i": i}) for i in range(50))
+            await relay.wait_for_log("blocked: memory", timeout=10)
+            started = time.monotonic()
+            code = relay.stop(timeout=20)
+            took = time.monotonic() - started
+            rows = [r for r in db.rows() if r["id"] in set(during)]
+        assert code == 0, relay.tail()
+        relay.assert_clean_exit()
+    assert Counter((r["status"], r["attempts"]) for r in rows) == {("pending", 0): len(during)}
+    # Nothing is in flight to wait for, so no need of the shutdown grace: what remains is the
+    # connection's close (about 2 s, unanswered). Closing each idle channel first took 8 s.
+    assert took < 5, took
+    print(f"\n  SIGTERM during a memory alarm: exit 0 in {took:.1f}s, {len(during)} rows pending with 0 attempts")

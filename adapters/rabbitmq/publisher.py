@@ -131,8 +131,14 @@ class RabbitPublisher:
         done, so no publish is in flight."""
         self._closing = True
         lanes, self._idle = self._idle, []
-        for lane in lanes:
-            await _close_channel(lane.channel)
+        # A blocked broker reads no Channel.Close (each would wait out its timeout): closing
+        # the connection ends its channels anyway.
+        if self._blocking.reason is None:
+            for lane in lanes:
+                await _close_channel(lane.channel)
+        else:
+            for task in self._background:
+                task.cancel()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._connection is not None:
