@@ -5,8 +5,8 @@ limit) is set where no machine is, so it blocks every publishing connection
 A blocked broker is an outage, not the messages' fault: no attempt spent, nothing dead,
 the breaker open with ``blocked: memory`` in the log and in /readyz, and delivery resuming
 within seconds of the unblock. The alarm windows are kept short (the broker is shared);
-these tests are in the ``faults`` marker (``make test-faults``), and
-``pytest -m faults -k alarm`` runs them alone.
+the tests that raise an alarm are in the ``faults`` marker (``make test-faults``), and
+``pytest -m faults -k alarm`` runs them alone. The first two need no broker.
 """
 
 from __future__ import annotations
