@@ -393,3 +393,28 @@ def producers_both_ways(
     thread = threading.Thread(target=produce)
     thread.start()
     return locked, unlocked, thread
+
+
+def fleet_producers(
+    pg_dsn: str, names: OutboxNames, seed: int, *, locked_tx: int, unlocked_rounds: int
+) -> tuple[CommitLog, CommitLog, threading.Thread]:
+    """The fault scenarios' producers, both ways (:func:`producers_both_ways`), on 12 locked and
+    8 unlocked aggregates of their own."""
+    return producers_both_ways(
+        pg_dsn,
+        names,
+        locked_aggregates=[f"order-L{i}" for i in range(12)],
+        unlocked_aggregates=[f"order-U{i}" for i in range(8)],
+        locked_tx=locked_tx,
+        unlocked_rounds=unlocked_rounds,
+        seeds=(seed, seed),
+        locked_options={"unordered_type": "EmailQueued", "pause_s": 0.02},
+        unlocked_options={"pause_s": (0.0, 0.25)},
+    )
+
+
+def merged(*logs: CommitLog) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for log in logs:
+        out.update(log.expected())
+    return out

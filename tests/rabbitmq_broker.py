@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -198,6 +199,57 @@ class BrokerControl:
                 self.eval(f"application:set_env(rabbit, max_message_size, {match.group(1)}).")
             else:
                 self.eval("application:unset_env(rabbit, max_message_size).")
+
+    def alarms(self) -> str:
+        """The broker's resource alarms (``[]`` when none)."""
+        return self.eval("rabbit_alarm:get_alarms().")
+
+    @contextlib.contextmanager
+    def memory_alarm(self) -> Iterator[None]:
+        """Put the broker under its memory alarm (a watermark no node is under), so it blocks
+        every publishing connection; the exact previous watermark is always restored, and
+        the alarm is gone when this returns. Keep it short: the broker is shared."""
+        before = self.eval("vm_memory_monitor:get_vm_memory_high_watermark().")
+        # The term as printed (0.4, or {absolute,N}) is what the setter takes back.
+        with self._alarm(
+            "memory",
+            lambda: self.run("set_vm_memory_high_watermark", "0.0000001"),
+            lambda: self.eval(f"vm_memory_monitor:set_vm_memory_high_watermark({before})."),
+        ):
+            yield
+
+    @contextlib.contextmanager
+    def disk_alarm(self) -> Iterator[None]:
+        """Like :meth:`memory_alarm` with the disk alarm: a free-space limit of a petabyte."""
+        before = self.eval("rabbit_disk_monitor:get_disk_free_limit().")
+        if not before.isdigit():
+            raise RuntimeError(f"unexpected disk_free_limit {before!r}")
+        with self._alarm(
+            "disk",
+            lambda: self.run("set_disk_free_limit", str(10**15)),
+            lambda: self.run("set_disk_free_limit", before),
+        ):
+            yield
+
+    @contextlib.contextmanager
+    def _alarm(self, kind: str, raise_it: Callable[[], object], restore: Callable[[], object]) -> Iterator[None]:
+        if self.alarms() != "[]":
+            pytest.skip(f"the broker is already under an alarm: {self.alarms()}")
+        try:
+            raise_it()
+            deadline = time.monotonic() + 15
+            while kind not in self.alarms():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no {kind} alarm 15 s after setting it")
+                time.sleep(0.1)
+            yield
+        finally:
+            restore()
+            deadline = time.monotonic() + 30
+            while self.alarms() != "[]" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if self.alarms() != "[]":
+                raise RuntimeError(f"alarm still on 30 s after restoring: {self.alarms()}")
 
     @contextlib.contextmanager
     def user(self, configure: str, write: str, read: str, vhost: str = "/") -> Iterator[tuple[str, str]]:

@@ -28,7 +28,6 @@ import random
 import signal
 import socket
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -48,7 +47,8 @@ from tests.producers import (
     CommitLog,
     LockedProducers,
     create_producer_tables,
-    producers_both_ways,
+    fleet_producers,
+    merged,
 )
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, unique
 from tests.relay_process import RelayProcess, assert_clean_exits, relay_env, wait_until
@@ -163,30 +163,6 @@ def sequential(db_rows: list[tuple[str, int]], ordered_types: str = ORDERED) -> 
 def ordered_rows(db: Db, ids: list[int]) -> list[tuple[str, int]]:
     rows = {r["id"]: r for r in db.rows()}
     return [(rows[i]["aggregate_id"], i) for i in ids if fnmatch.fnmatchcase(rows[i]["event_type"], ORDERED)]
-
-
-def fleet_producers(
-    pg_dsn: str, names: OutboxNames, seed: int, *, locked_tx: int, unlocked_rounds: int
-) -> tuple[CommitLog, CommitLog, threading.Thread]:
-    """The fault scenarios' producers, both ways (tests.producers.producers_both_ways)."""
-    return producers_both_ways(
-        pg_dsn,
-        names,
-        locked_aggregates=[f"order-L{i}" for i in range(12)],
-        unlocked_aggregates=[f"order-U{i}" for i in range(8)],
-        locked_tx=locked_tx,
-        unlocked_rounds=unlocked_rounds,
-        seeds=(seed, seed),
-        locked_options={"unordered_type": "EmailQueued", "pause_s": 0.02},
-        unlocked_options={"pause_s": (0.0, 0.25)},
-    )
-
-
-def merged(*logs: CommitLog) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for log in logs:
-        out.update(log.expected())
-    return out
 
 
 async def run_chaos(fleet: Fleet, rng: random.Random, pg_dsn: str, db: Db, *, seconds: float) -> int:

@@ -21,6 +21,7 @@ import aiormq
 import aiormq.exceptions as amqp_errors
 
 from adapters.outage import OutageLog
+from adapters.rabbitmq.blocked import Blocking
 from adapters.rabbitmq.classify import (
     HELD,
     NOT_SENT,
@@ -92,6 +93,7 @@ class RabbitPublisher:
         self._learned_max_size: int | None = None
         self._outage = OutageLog(log, "RabbitMQ")
         self._quiet = QuietReconnects()
+        self._blocking = Blocking(log, settings.where)
         self._closing = False
         self._background: set[asyncio.Task[None]] = set()
 
@@ -129,8 +131,14 @@ class RabbitPublisher:
         done, so no publish is in flight."""
         self._closing = True
         lanes, self._idle = self._idle, []
-        for lane in lanes:
-            await _close_channel(lane.channel)
+        # A blocked broker reads no Channel.Close (each would wait out its timeout): closing
+        # the connection ends its channels anyway.
+        if self._blocking.reason is None:
+            for lane in lanes:
+                await _close_channel(lane.channel)
+        else:
+            for task in self._background:
+                task.cancel()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._connection is not None:
@@ -160,6 +168,12 @@ class RabbitPublisher:
         return outcomes
 
     async def _send(self, envelopes: Sequence[Envelope]) -> list[Outcome]:
+        if self._connection is not None and self._connection.transport is not None:
+            self._blocking.watch(self._connection.transport.connection)
+        blocked = self._blocking.refusal()
+        if blocked is not None:
+            # Nothing is sent: a blocked broker would not read it before the unblock.
+            return [blocked] * len(envelopes)
         lane = await self._acquire()
         if isinstance(lane, BrokerUnavailable):
             return [lane] * len(envelopes)
@@ -168,21 +182,22 @@ class RabbitPublisher:
         reusable = False
         try:
             try:
-                async with asyncio.timeout(timeout):
-                    chains = _chains(envelopes)
-                    if not lane.proven:
-                        # A fresh channel first carries one message alone: a missing exchange
-                        # or a refused permission then closes the channel with nothing else
-                        # in flight (see _publish_one for why that matters).
-                        probe, chains = chains[0], chains[1:]
-                        await self._send_chain(lane, probe, raws)
-                        lane.proven = _proves_exchange(raws[probe[0][0]])
-                    if lane.proven and chains:
-                        # The rest is written at once and the confirms are awaited together:
-                        # one round trip per batch, not one per message.
-                        async with asyncio.TaskGroup() as tasks:
-                            for chain in chains:
-                                tasks.create_task(self._send_chain(lane, chain, raws))
+                async with asyncio.timeout(timeout) as deadline:
+                    with self._blocking.cut_short(deadline):
+                        chains = _chains(envelopes)
+                        if not lane.proven:
+                            # A fresh channel first carries one message alone: a missing exchange
+                            # or a refused permission then closes the channel with nothing else
+                            # in flight (see _publish_one for why that matters).
+                            probe, chains = chains[0], chains[1:]
+                            await self._send_chain(lane, probe, raws)
+                            lane.proven = _proves_exchange(raws[probe[0][0]])
+                        if lane.proven and chains:
+                            # The rest is written at once and the confirms are awaited together:
+                            # one round trip per batch, not one per message.
+                            async with asyncio.TaskGroup() as tasks:
+                                for chain in chains:
+                                    tasks.create_task(self._send_chain(lane, chain, raws))
                 reusable = lane.proven and not any(_channel_failed(raw) for raw in raws)
             except TimeoutError:
                 pass  # the unconfirmed keep UNCONFIRMED; a stalled channel is not reused
@@ -200,8 +215,13 @@ class RabbitPublisher:
                 fault.size_limit,
                 self.settings.max_message_size,
             )
+        # Blocked with confirms outstanding: what was not confirmed waits for the unblock
+        # without spending an attempt, like a batch that came after the block.
+        blocked = self._blocking.refusal()
         return [
-            classify(raw, envelope, self.settings, fault, timeout)
+            blocked
+            if blocked is not None and _unanswered(raw)
+            else classify(raw, envelope, self.settings, fault, timeout)
             for raw, envelope in zip(raws, envelopes, strict=True)
         ]
 
@@ -228,11 +248,15 @@ class RabbitPublisher:
                 return lane
         try:
             channel = aio_pika.Channel(connection, publisher_confirms=True, on_return_raises=True)
-            await asyncio.wait_for(channel.initialize(), CHANNEL_OPEN_TIMEOUT_S)
+            async with asyncio.timeout(CHANNEL_OPEN_TIMEOUT_S) as opening:
+                # Another batch's publish can get the connection blocked meanwhile; the
+                # broker would not answer the open before the unblock.
+                with self._blocking.cut_short(opening):
+                    await channel.initialize()
             # aio-pika builds on aiormq's Channel, whose basic_publish takes `wait`.
             underlay = cast(aiormq.Channel, await channel.get_underlay_channel())
         except _CHANNEL_ERRORS as exc:
-            return self._unreachable(f"cannot open a channel: {describe(exc)}")
+            return self._blocking.refusal() or self._unreachable(f"cannot open a channel: {describe(exc)}")
         return _Lane(channel, underlay)
 
     def _release(self, lane: _Lane, reusable: bool) -> None:
@@ -411,6 +435,11 @@ def _proves_exchange(raw: BaseException | None) -> bool:
     return raw is None or isinstance(raw, amqp_errors.DeliveryError)
 
 
+def _unanswered(raw: BaseException | None) -> bool:
+    """Sent and not confirmed, or not sent because of that."""
+    return raw is UNCONFIRMED or raw is HELD or raw is NOT_SENT
+
+
 def _channel_failed(raw: BaseException | None) -> bool:
     return raw is not None and not isinstance(raw, amqp_errors.DeliveryError) and raw is not HELD
 
@@ -441,9 +470,10 @@ async def _close_channel(channel: aio_pika.abc.AbstractChannel) -> None:
 
 
 class QuietReconnects(logging.Filter):
-    """Drops the client library's lines for each failed reconnect attempt and each lost
-    connection (one with a traceback): the adapter reports a lost connection once, with
-    the broker's reason, and an outage once."""
+    """Drops the client library's lines for each failed reconnect attempt, each lost
+    connection (one with a traceback) and each blocked connection: the adapter reports a
+    lost connection once, with the broker's reason, a block with its alarm, and an outage
+    once."""
 
     LOGGERS = ("aiormq.connection", "aio_pika.robust_connection")
     PREFIXES = (
@@ -452,6 +482,9 @@ class QuietReconnects(logging.Filter):
         "Reconnect attempt failed",
         "Cancelling cause reader exited abnormally",
         "Unexpected connection close from remote",
+        # adapters.rabbitmq.blocked says these with the alarm's kind, and the outage once.
+        "Connection %r was blocked",
+        "Connection %r was unblocked",
     )
 
     def filter(self, record: logging.LogRecord) -> bool:
