@@ -92,7 +92,7 @@ async def run_relay(
     """
     operate = operate or Operations()
     # One connection per worker plus one spare: a worker holds at most one at a time.
-    pool = await open_pool(settings.dsn, size=settings.workers + 1)
+    pool = await open_pool(settings.dsn, size=settings.workers + 1, limits=settings.session)
     try:
         for warning in settings.warnings:
             log.warning("%s", warning)
@@ -103,7 +103,7 @@ async def run_relay(
             log.warning("%s", line)
         await publisher.start()
         try:
-            store = OutboxStore(pool, settings.names)
+            store = OutboxStore(pool, settings.names, settings.session)
             return await _run(settings, operate, publisher, store, stored, pool, stop, tracing)
         finally:
             await publisher.close()
