@@ -18,6 +18,15 @@ from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
 
 CONNECT_TIMEOUT_S = 5
+# What the dispatch path treats as a passing loss of its session, retried like an outage:
+# the server or the network went away (OperationalError; a statement cancelled by
+# statement_timeout is one too, QueryCanceled), or PostgreSQL ended a session left idle
+# inside a transaction past idle_in_transaction_session_timeout, which psycopg raises at
+# the next statement as an InternalError subclass.
+TRANSIENT_DB_ERRORS: tuple[type[psycopg.Error], ...] = (
+    psycopg.OperationalError,
+    psycopg.errors.IdleInTransactionSessionTimeout,
+)
 APPLICATION_NAME = "outbox-relay"
 
 

@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from relay.breaker import CircuitBreaker
 from relay.config import RelaySettings
 from relay.contract import Publisher, WatchesDestinations
-from relay.db import check_schema, connect, open_pool
+from relay.db import TRANSIENT_DB_ERRORS, check_schema, connect, open_pool
 from relay.dbtext import SQL_ASCII, server_encoding
 from relay.errors import DatabaseUnavailable, first_line
 from relay.oversize import OversizeTurn
@@ -125,7 +125,7 @@ async def _prepare(
                 encoding = server_encoding(conn)
                 stored = await read_settings(conn, settings.names)
             break
-        except psycopg.OperationalError as exc:  # PoolTimeout is one too
+        except TRANSIENT_DB_ERRORS as exc:  # PoolTimeout is one too
             failures += 1
             delay = settings.worker.db_backoff.delay(failures).total_seconds()
             log.warning("database error while starting, retrying in %.1fs: %s", delay, first_line(exc))
