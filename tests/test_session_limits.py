@@ -128,3 +128,19 @@ def test_relay_start_runs_its_sessions_with_the_given_statement_timeout(db: Db, 
                 proc.stop()
             err = proc.stderr()
     assert proc.returncode == 0, err
+
+
+def test_the_replay_plan_runs_without_the_statement_timeout(db: Db, relay_dsn: str) -> None:
+    """The plan may scan much of a big table: it waits here behind a lock for longer than
+    --statement-timeout and still completes; the replay's other statements keep the limit."""
+    ids = db.insert([("o-1", "OrderPlaced", {}), ("o-2", "OrderPlaced", {})])
+    db.conn.execute(sql.SQL("UPDATE {} SET status = 'done'").format(db.table))
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_SCHEMA=db.names.schema)
+    args = ("replay", "--from-id", str(ids[0]), "--broker", "log", "--dry-run", "--statement-timeout", "300ms")
+    with psycopg.connect(db.conn.info.dsn) as holder:
+        holder.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(db.table))
+        with RelayProcess(*args, env=env) as proc:
+            time.sleep(1.5)  # five times the statement timeout
+            assert proc.running, proc.tail()
+            holder.rollback()
+            assert proc.wait(timeout=30) == 0, proc.tail()
