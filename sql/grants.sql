@@ -4,9 +4,10 @@
 -- grants` prints them for a DBA. Placeholders as in queries.sql, plus {role} (the grantee)
 -- and {database} (the current database): every one is a quoted identifier.
 --
--- The owner (the role that ran `relay migrate`) alone holds DDL. The triggers a producer's
--- INSERT fires (<table>_route, <table>_stamp) run with the producer's own privileges (none
--- is SECURITY DEFINER), so a producer gets exactly what they touch, and no more.
+-- The owner (the role that ran `relay migrate`) alone holds DDL. The routing trigger a
+-- producer's INSERT fires (<table>_route) runs with the producer's privileges and reads
+-- <table>_settings; the commit-stamp trigger (<table>_stamp) runs as the owner (SECURITY
+-- DEFINER, migration 0011), so producers get no grant on <table>_commits or its sequence.
 
 -- grant_producer_schema --
 -- Producers: reach the objects of the outbox's schema (no CREATE on it).
@@ -23,14 +24,6 @@ GRANT SELECT (id) ON {outbox} TO {role};
 -- grant_producer_settings --
 -- Producers: the routing trigger reads the ordering map and whether a relay waits for a wake-up.
 GRANT SELECT ON {q_settings} TO {role};
-
--- grant_producer_commits --
--- Producers: the commit-stamp trigger writes one row per transaction that wrote ordered rows.
-GRANT INSERT ON {q_commits} TO {role};
-
--- grant_producer_stamp --
--- Producers: the commit-stamp trigger draws its stamp from this sequence.
-GRANT USAGE ON SEQUENCE {q_commit_stamp} TO {role};
 
 -- grant_producer_functions --
 -- Producers: the routing trigger calls the ordering map's function (also PUBLIC's by default, which deployments may revoke).

@@ -104,6 +104,9 @@ async def test_a_producer_writes_ordered_and_unordered_events_with_and_without_h
         " VALUES ('o', 'a', 'E', '{{}}', false)",
         "UPDATE {s} SET notify = false",
         "DELETE FROM {c}",
+        # The commit stamp is drawn as the owner (0011): a producer cannot forge one.
+        "INSERT INTO {c} (stamp, xid) VALUES (1, '1')",
+        "SELECT nextval('{q}')",
         "SELECT * FROM {h}",
         "CREATE TABLE {x} (i int)",
         "ALTER TABLE {t} DISABLE TRIGGER ALL",
@@ -120,6 +123,7 @@ def test_a_producer_cannot_touch_the_relays_columns_nor_read_payloads(
         c=sql.Identifier(n.schema, f"{n.table}_commits"),
         h=sql.Identifier(n.schema, f"{n.table}_heads"),
         x=sql.Identifier(n.schema, "producer_table"),
+        q=sql.SQL(sql.Identifier(n.schema, f"{n.table}_commit_stamp").as_string(None)),
     )
     with psycopg.connect(producer_dsn, autocommit=True) as producer:
         with pytest.raises((psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable)) as caught:
