@@ -16,9 +16,10 @@ from psycopg import sql
 from relay.config import CORE_OPTIONS, START_OPTIONS, session_limits
 from relay.db import TRANSIENT_DB_ERRORS, SessionLimits, configure_session, open_pool
 from relay.options import resolve
+from relay.store import OutboxStore
 from tests.conftest import Db
-from tests.helpers import settings_for
-from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
+from tests.helpers import make_worker, settings_for
+from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until, wait_until_async
 
 SHORT = SessionLimits(
     statement_timeout=timedelta(milliseconds=300), idle_in_transaction_timeout=timedelta(milliseconds=500)
@@ -144,3 +145,39 @@ def test_the_replay_plan_runs_without_the_statement_timeout(db: Db, relay_dsn: s
             assert proc.running, proc.tail()
             holder.rollback()
             assert proc.wait(timeout=30) == 0, proc.tail()
+
+
+class _StallOnce(OutboxStore):
+    """The store, stalled once inside its claim transaction for longer than the idle limit:
+    what a process starved of CPU or a blocked event loop does to an open transaction (the
+    one stall injected; the timeout and the session's end are PostgreSQL's own)."""
+
+    stalls = 1
+
+    async def _ingest(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, bool]:
+        result = await super()._ingest(conn)
+        if self.stalls:
+            self.stalls -= 1
+            await asyncio.sleep(1.0)
+        return result
+
+
+async def test_a_worker_whose_transaction_was_ended_claims_again(db: Db, relay_dsn: str) -> None:
+    [oid] = db.insert([("o-1", "OrderPlaced", {})])
+    limits = SessionLimits(idle_in_transaction_timeout=timedelta(milliseconds=300))
+    pool = await open_pool(relay_dsn, size=2, limits=limits)
+    try:
+        store = _StallOnce(pool, db.names, limits)
+        worker, publisher = make_worker(store, backoff=None)
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            assert await wait_until_async(lambda: db.row(oid)["status"] == "done" or running.done(), timeout=20)
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, timeout=10)  # raises what the loop raised, if anything
+        assert store.stalls == 0
+        assert db.row(oid)["status"] == "done"
+        assert publisher.delivered_ids() == [oid]  # the ended transaction had claimed nothing
+    finally:
+        await pool.close()
