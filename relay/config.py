@@ -6,12 +6,13 @@ checks them together and builds the worker's configuration.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from relay.backoff import Backoff
 from relay.contract import BROKERS, PublishLimits
+from relay.db import SessionLimits
 from relay.decide import Policy
 from relay.errors import ConfigError
 from relay.options import DAY, HOUR, MINUTE, MS, SECOND, Option, SizeOption
@@ -30,6 +31,32 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option("schema", "str", "public", "Schema of the outbox table.", nonempty=True),
     Option("table", "str", "outbox", "Name of the outbox table.", nonempty=True),
+)
+
+# The relay's own sessions (relay start's pool, relay replay's session): its transactions
+# last milliseconds, so anything longer is a bug or a stuck network holding locks and the
+# xmin horizon, which PostgreSQL then ends (relay.db.SessionLimits).
+SESSION_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "statement_timeout",
+        "duration",
+        "30s",
+        "PostgreSQL cancels a statement of the relay's sessions that runs longer (0s: off).",
+        # The relay's statements take milliseconds; a claim or finalize on a table bloated by
+        # an outage may take seconds. 30 s leaves room for those and still frees the locks.
+        minimum=0,
+        maximum=DAY,
+    ),
+    Option(
+        "idle_in_transaction_timeout",
+        "duration",
+        "10s",
+        "PostgreSQL ends a relay session left idle inside a transaction this long (0s: off).",
+        # No relay transaction waits for anything but the database; 10 s covers a process
+        # starved of CPU, and bounds how long a stuck one keeps its row locks.
+        minimum=0,
+        maximum=DAY,
+    ),
 )
 
 START_OPTIONS: tuple[Option, ...] = (
@@ -152,6 +179,23 @@ START_OPTIONS: tuple[Option, ...] = (
         "Event types (names or globs) delivered without ordering.",
         section="ordering",
     ),
+    *SESSION_OPTIONS,
+)
+
+# `relay migrate --grant-producer/--grant-relay` and `relay grants` (relay.grants).
+GRANT_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "grant_producer",
+        "list",
+        (),
+        "Grant this existing role what producers need: INSERT of the producer columns, SELECT of id (repeatable).",
+    ),
+    Option(
+        "grant_relay",
+        "list",
+        (),
+        "Grant this existing role what relays need: DML on the outbox's tables, no DDL (repeatable).",
+    ),
 )
 
 # --otel (relay.tracing.tracing_for reads it); named so that other commands that publish
@@ -220,6 +264,7 @@ class RelaySettings:
     ordering: OrderingMap
     shutdown_grace: timedelta = timedelta(seconds=10)
     notify: bool = True
+    session: SessionLimits = field(default_factory=SessionLimits)
     # Lines `relay start` logs once as warnings (deprecated options that were given).
     warnings: tuple[str, ...] = ()
 
@@ -265,6 +310,7 @@ class RelaySettings:
             ordering=ordering,
             shutdown_grace=v["shutdown_grace"],
             notify=v["notify"],
+            session=session_limits(v),
             warnings=_deprecations(v),
         )
 
@@ -295,6 +341,16 @@ def ordering_from(v: Mapping[str, Any]) -> OrderingMap:
         default_ordered=(v.get("ordering_default") or "ordered") == "ordered",
         ordered=v.get("ordered") or (),
         unordered=v.get("unordered") or (),
+    )
+
+
+def session_limits(v: Mapping[str, Any]) -> SessionLimits:
+    """The relay's session limits from resolved option values (defaults where a value is None)."""
+    default = SessionLimits()
+    statement, idle = v.get("statement_timeout"), v.get("idle_in_transaction_timeout")
+    return SessionLimits(
+        statement_timeout=default.statement_timeout if statement is None else statement,
+        idle_in_transaction_timeout=default.idle_in_transaction_timeout if idle is None else idle,
     )
 
 

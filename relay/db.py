@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -15,6 +18,15 @@ from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
 
 CONNECT_TIMEOUT_S = 5
+# What the dispatch path treats as a passing loss of its session, retried like an outage:
+# the server or the network went away (OperationalError; a statement cancelled by
+# statement_timeout is one too, QueryCanceled), or PostgreSQL ended a session left idle
+# inside a transaction past idle_in_transaction_session_timeout, which psycopg raises at
+# the next statement as an InternalError subclass.
+TRANSIENT_DB_ERRORS: tuple[type[psycopg.Error], ...] = (
+    psycopg.OperationalError,
+    psycopg.errors.IdleInTransactionSessionTimeout,
+)
 APPLICATION_NAME = "outbox-relay"
 
 
@@ -47,7 +59,25 @@ def _reason(exc: BaseException) -> str:
     return mask(text.split(": ", 1)[-1] if text.startswith("connection to server") else text)
 
 
-async def configure_session(conn: psycopg.AsyncConnection[Any]) -> None:
+@dataclass(frozen=True)
+class SessionLimits:
+    """How long PostgreSQL lets one of the relay's sessions run a statement, and sit idle
+    inside a transaction, before it cancels the statement or ends the session (zero: no
+    limit). The relay's transactions last milliseconds; these bound what a relay bug or a
+    stuck network can hold: row locks, and the xmin horizon that vacuum waits behind.
+    Defaults: ``--statement-timeout`` and ``--idle-in-transaction-timeout`` (relay.config)."""
+
+    statement_timeout: timedelta = timedelta(seconds=30)
+    idle_in_transaction_timeout: timedelta = timedelta(seconds=10)
+
+
+def _ms(value: timedelta) -> str:
+    # PostgreSQL reads a bare number as milliseconds; under 1 ms would round to 0 (off).
+    ms = int(value / timedelta(milliseconds=1))
+    return str(max(ms, 1) if value > timedelta(0) else 0)
+
+
+async def configure_session(conn: psycopg.AsyncConnection[Any], limits: SessionLimits | None = None) -> None:
     """How every session of the relay's pool is set up, whatever the database's defaults.
 
     * READ COMMITTED: the ingest relies on each statement taking a new snapshot (see the
@@ -59,14 +89,22 @@ async def configure_session(conn: psycopg.AsyncConnection[Any]) -> None:
     * Text in UTF-8 whatever the database's encoding; in a SQL_ASCII database, bytes that
       are not UTF-8 are kept exactly, so the store can send their row to dead alone
       (:mod:`relay.dbtext`).
+    * ``limits`` (:class:`SessionLimits`; its defaults when None): statement_timeout and
+      idle_in_transaction_session_timeout, so PostgreSQL itself ends what runs too long.
     """
+    limits = limits or SessionLimits()
     await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
-    await conn.execute("SET jit = off")
+    await conn.execute(
+        "SELECT set_config('jit', 'off', false), set_config('statement_timeout', %s, false),"
+        " set_config('idle_in_transaction_session_timeout', %s, false)",
+        (_ms(limits.statement_timeout), _ms(limits.idle_in_transaction_timeout)),
+    )
     await set_up_text(conn, "exact")
 
 
-async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
-    """A pool of ``size`` autocommit connections, checked by one real connection first."""
+async def open_pool(dsn: str, size: int, limits: SessionLimits | None = None) -> AsyncConnectionPool[Any]:
+    """A pool of ``size`` autocommit connections, checked by one real connection first,
+    each session set up by :func:`configure_session` with ``limits``."""
     probe = await connect(dsn)
     await probe.close()
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
@@ -79,7 +117,7 @@ async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
         kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S, "application_name": APPLICATION_NAME},
         # Connections found broken are replaced on return instead of handed out again.
         check=AsyncConnectionPool.check_connection,
-        configure=configure_session,
+        configure=partial(configure_session, limits=limits),
         name="relay",
     )
     # Not waiting for the pool to fill: the probe above already told a wrong DSN or an

@@ -171,7 +171,12 @@ class ReplayPlan:
         await self.conn.execute(self._sql["replay_plan_table"])
         await self.conn.execute(self._sql["replay_plan_clear"])
         # Not prepared: each plan runs once, with selectors a generic plan would not see.
-        await self.conn.execute(self._sql["replay_plan"], selection.params(), prepare=False)
+        # The plan scans the selected range of a table that may hold millions of rows, so
+        # it runs without the session's statement timeout (set for the short statements
+        # that follow): in a transaction of its own, where SET LOCAL ends with it.
+        async with self.conn.transaction():
+            await self.conn.execute(self._sql["replay_plan_untimed"])
+            await self.conn.execute(self._sql["replay_plan"], selection.params(), prepare=False)
         cur = await self.conn.execute(self._sql["replay_summary"])
         row = await cur.fetchone()
         assert row is not None  # an aggregate without GROUP BY returns one row

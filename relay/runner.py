@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from relay.breaker import CircuitBreaker
 from relay.config import RelaySettings
 from relay.contract import Publisher, WatchesDestinations
-from relay.db import check_schema, connect, open_pool
+from relay.db import TRANSIENT_DB_ERRORS, check_schema, connect, open_pool
 from relay.dbtext import SQL_ASCII, server_encoding
 from relay.errors import DatabaseUnavailable, first_line
 from relay.oversize import OversizeTurn
@@ -92,7 +92,7 @@ async def run_relay(
     """
     operate = operate or Operations()
     # One connection per worker plus one spare: a worker holds at most one at a time.
-    pool = await open_pool(settings.dsn, size=settings.workers + 1)
+    pool = await open_pool(settings.dsn, size=settings.workers + 1, limits=settings.session)
     try:
         for warning in settings.warnings:
             log.warning("%s", warning)
@@ -103,7 +103,7 @@ async def run_relay(
             log.warning("%s", line)
         await publisher.start()
         try:
-            store = OutboxStore(pool, settings.names)
+            store = OutboxStore(pool, settings.names, settings.session)
             return await _run(settings, operate, publisher, store, stored, pool, stop, tracing)
         finally:
             await publisher.close()
@@ -125,7 +125,7 @@ async def _prepare(
                 encoding = server_encoding(conn)
                 stored = await read_settings(conn, settings.names)
             break
-        except psycopg.OperationalError as exc:  # PoolTimeout is one too
+        except TRANSIENT_DB_ERRORS as exc:  # PoolTimeout is one too
             failures += 1
             delay = settings.worker.db_backoff.delay(failures).total_seconds()
             log.warning("database error while starting, retrying in %.1fs: %s", delay, first_line(exc))

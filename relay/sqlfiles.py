@@ -14,6 +14,10 @@ _HEADER = re.compile(r"^-- (?P<name>[a-z_][a-z0-9_]*) --$", re.MULTILINE)
 # DDL to read and to compare with the migrations (tests/test_schema_file.py), not named
 # statements: the one file under sql/ that named_queries() skips.
 _SCHEMA = "schema.sql"
+# The grants take a {role} and a {database} besides the outbox's names, so the store's and
+# the operator tools' renderers (which fill every statement with names alone) never see
+# them: relay.grants reads them through named_grants().
+_GRANTS = "grants.sql"
 
 
 def sql_dir() -> Path:
@@ -27,11 +31,11 @@ def sql_dir() -> Path:
 @cache
 def named_queries() -> dict[str, str]:
     """Every named statement of ``sql/*.sql`` (the dispatch path's ``queries.sql``, the
-    operator tools' ``ops.sql``; not ``schema.sql``) as ``{name: statement}``, parsed once
+    operator tools' ``ops.sql``; not ``schema.sql`` nor ``grants.sql``) as ``{name: statement}``, parsed once
     per process."""
     queries: dict[str, str] = {}
     for path in sorted(sql_dir().glob("*.sql")):
-        if path.name == _SCHEMA:
+        if path.name in (_SCHEMA, _GRANTS):
             continue
         for name, statement in _parse(path.read_text(encoding="utf-8")).items():
             if name in queries:
@@ -52,6 +56,12 @@ def _parse(text: str) -> dict[str, str]:
             lines.pop(0)
         queries[match.group("name")] = "\n".join(lines).strip().rstrip(";")
     return queries
+
+
+@cache
+def named_grants() -> dict[str, str]:
+    """The named statements of ``sql/grants.sql`` (relay.grants), parsed once per process."""
+    return _parse((sql_dir() / _GRANTS).read_text(encoding="utf-8"))
 
 
 def migrations() -> list[tuple[int, str, str]]:

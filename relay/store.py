@@ -20,7 +20,7 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
 
-from relay.db import configure_session
+from relay.db import SessionLimits, configure_session
 from relay.dbtext import SQL_ASCII, not_utf8, not_utf8_bytes, readable, server_encoding, storable
 from relay.dsn import mask
 from relay.message import Decision, OutboxMessage, producer_headers
@@ -96,9 +96,11 @@ class IngestRaced(Exception):
 class OutboxStore:
     """Claims and finalizes rows of one outbox table."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], names: OutboxNames) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], names: OutboxNames, limits: SessionLimits | None = None) -> None:
         self.pool = pool
         self.names = names
+        # The session limits the pool's sessions got, for the connections made beside it.
+        self.limits = limits
         # Render every statement once: identifiers are fixed for the life of the store.
         self._sql = {name: names.render(text) for name, text in named_queries().items()}
 
@@ -182,7 +184,7 @@ class OutboxStore:
         buffer at the largest message it ever received, so a pooled connection that read
         a 10 MB payload once would hold 10 MB or more for the rest of its life."""
         params = {"id": outbox_id, "lease_version": lease_version}
-        async with await _connect_like(self.pool) as conn, payload_cursor(conn) as cur:
+        async with await _connect_like(self.pool, self.limits) as conn, payload_cursor(conn) as cur:
             await cur.execute(self._sql["payload_of"], params)
             found = await cur.fetchone()
         if found is None:  # taken over already (its lease cannot have run out in between)
@@ -278,7 +280,7 @@ class _PayloadLoader(Loader):
         return bytes(data)
 
 
-async def _connect_like(pool: AsyncConnectionPool[Any]) -> psycopg.AsyncConnection[Any]:
+async def _connect_like(pool: AsyncConnectionPool[Any], limits: SessionLimits | None) -> psycopg.AsyncConnection[Any]:
     """A new connection outside ``pool``, made and set up as the pool's own (one at a time
     per process: oversized messages take turns, relay.oversize)."""
     conninfo: Any = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
@@ -289,7 +291,7 @@ async def _connect_like(pool: AsyncConnectionPool[Any]) -> psycopg.AsyncConnecti
         kwargs = await kwargs
     conn = await psycopg.AsyncConnection.connect(conninfo, **(kwargs or {}))
     try:
-        await configure_session(conn)
+        await configure_session(conn, limits)
     except BaseException:
         await conn.close()
         raise

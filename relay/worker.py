@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
-import psycopg
-
 from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
 from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher, publish_within
+from relay.db import TRANSIENT_DB_ERRORS
 from relay.decide import Policy, describe, failure_class, is_classified
 from relay.errors import BrokerUnavailable, DestinationUnavailable, first_line
 from relay.message import Decision, Kind, OutboxMessage, log_fields
@@ -204,7 +203,7 @@ class Worker:
             if batch is None:
                 # Nothing claimed ahead: write what is pending now (no publish to overlap
                 # it with), then claim as the unpipelined loop does.
-                with contextlib.suppress(psycopg.OperationalError):
+                with contextlib.suppress(*TRANSIENT_DB_ERRORS):
                     # Shielded: a cancellation (shutdown) must not lose the write that
                     # records what the broker has. If the database stays away for a whole
                     # lease, _finalize logs it and the rows return through their leases.
@@ -225,7 +224,7 @@ class Worker:
                     if db_failures:
                         log.info("database reachable again", extra={"worker": self.owner})
                     db_failures = 0
-                except psycopg.OperationalError as exc:
+                except TRANSIENT_DB_ERRORS as exc:
                     db_failures += 1
                     delay = self.config.db_backoff.delay(db_failures).total_seconds()
                     log.warning(
@@ -324,7 +323,7 @@ class Worker:
             if budget is None:
                 return None
             batch, _ = await self._claim(budget=budget)
-        except psycopg.OperationalError as exc:
+        except TRANSIENT_DB_ERRORS as exc:
             log.debug("database step failed: %s", first_line(exc), extra={"worker": self.owner})
             return None
         return batch if batch.messages else None
@@ -506,7 +505,7 @@ class Worker:
             try:
                 refused = await self.store.finalize(decisions)
                 break
-            except psycopg.OperationalError as exc:
+            except TRANSIENT_DB_ERRORS as exc:
                 failures += 1
                 if time.monotonic() >= give_up:
                     log.error(

@@ -85,6 +85,14 @@ VARIANTS = (
     Variant("relay schema, a relay working, no commit stamp", disabled=("stamp",)),
     Variant("relay schema, no relay triggers", disabled=("stamp", "route")),
 )
+# --compare-0011: the commit stamp drawn as the producer (0010) and as the owner (0011:
+# SECURITY DEFINER with a pinned search_path, one user switch and one search_path save and
+# restore per ordered row), alternating within every round.
+COMPARE_0011 = (
+    PLAIN,
+    Variant("relay schema at 0010 (stamp as the producer), a relay working", version=10),
+    Variant("relay schema at 0011 (stamp as the owner), a relay working"),
+)
 
 
 def setup(dsn: str, variant: Variant) -> str:
@@ -108,7 +116,8 @@ def setup(dsn: str, variant: Variant) -> str:
             # One relay process, as it records itself (relay.wakeup.Presence); with wake-ups
             # off no relay LISTENs, so none has a row.
             if variant.relay is not None:
-                _record_relay(conn, idle=variant.relay == "idle", before_0008=variant.version is not None)
+                before_0008 = variant.version is not None and variant.version < 8
+                _record_relay(conn, idle=variant.relay == "idle", before_0008=before_0008)
             for trigger in variant.disabled:
                 conn.execute(
                     sql.SQL("ALTER TABLE {} DISABLE TRIGGER {}").format(table, sql.Identifier(f"outbox_{trigger}"))
@@ -177,6 +186,13 @@ def pgbench(dsn: str, script: Path, clients: int, seconds: float) -> Sample:
 PARTS: tuple[tuple[str, str | None], ...] = (
     ("relay schema, a relay working (all parts)", ""),
     ("  without the commit stamp trigger", "ALTER TABLE {t} DISABLE TRIGGER outbox_stamp"),
+    # As before migration 0011: the same function, run with the inserting role's privileges.
+    (
+        "  the commit stamp as the producer (0010)",
+        "ALTER FUNCTION {s}.outbox_stamp() SECURITY INVOKER RESET search_path",
+    ),
+    # SECURITY DEFINER alone, to tell the user switch from the search_path save and restore.
+    ("  the commit stamp as the owner, search_path not pinned", "ALTER FUNCTION {s}.outbox_stamp() RESET search_path"),
     ("  without the routing trigger", "ALTER TABLE {t} DISABLE TRIGGER outbox_route"),
     ("  without both triggers", "ALTER TABLE {t} DISABLE TRIGGER outbox_stamp, DISABLE TRIGGER outbox_route"),
     (
@@ -252,7 +268,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 s per measurement, one round")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--parts", action="store_true", help="only what each part of the schema costs (about 1 minute)")
+    ap.add_argument("--compare-0011", action="store_true", help="only the plain table, 0010 and 0011 (stamp as owner)")
     args = ap.parse_args()
+    variants = COMPARE_0011 if args.compare_0011 else VARIANTS
     if args.parts:
         print_parts(
             parts(args.dsn, rounds=1 if args.quick else 3, transactions=2000 if args.quick else 20000), args.markdown
@@ -268,7 +286,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for n in args.producers:
-                for variant in VARIANTS:
+                for variant in variants:
                     table = setup(args.dsn, variant)
                     script = Path(tmp) / "insert.sql"
                     script.write_text(INSERT_SCRIPT.format(table=table))
@@ -286,7 +304,7 @@ def main() -> None:
     cpu = {k: statistics.median(x.cpu_us for x in v) for k, v in samples.items()}
     header = ["variant", *(f"{n} producers" for n in args.producers)]
     rows = []
-    for variant in VARIANTS:
+    for variant in variants:
         cells = []
         for n in args.producers:
             ratio = "" if variant is PLAIN else f" ({rate[(variant, n)] / rate[(PLAIN, n)]:.2f}x)"

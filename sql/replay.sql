@@ -29,6 +29,10 @@ CREATE TEMPORARY TABLE IF NOT EXISTS relay_replay_plan (
 -- A new plan replaces the last one of this session.
 TRUNCATE pg_temp.relay_replay_plan;
 
+-- replay_plan_untimed --
+-- The plan's own transaction runs without a statement timeout (the session's is meant for the short statements).
+SELECT set_config('statement_timeout', '0', true);
+
 -- replay_plan --
 -- The selection in replay order (see the top of this file); finished rows only. The id range is always bounded (0 and the largest bigint stand for "no bound") so the primary key serves it; the other selectors filter.
 INSERT INTO pg_temp.relay_replay_plan (rank, id, bytes, resume_from)

@@ -255,9 +255,14 @@ CREATE TABLE {q_commits} (
 
 -- Runs at COMMIT (deferred) for every ordered row a transaction inserted; only the first
 -- call of a transaction writes. The flag is transaction-local and keyed by the table's
--- oid, so two outboxes written in one transaction each get their stamp.
+-- oid, so two outboxes written in one transaction each get their stamp. SECURITY DEFINER
+-- (0011): it writes as the owner, so producers need no grant on <table>_commits or the
+-- sequence and cannot forge stamps; the search_path is pinned against anything a
+-- producer's session puts on its own.
 CREATE FUNCTION {q_stamp}() RETURNS trigger
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     flag text := 'outbox_relay.stamped_' || TG_RELID;
@@ -437,4 +442,5 @@ INSERT INTO {q_migrations} (version, name) VALUES
     (7, 'idle_wakeups'),
     (8, 'cheap_inserts'),
     (9, 'unfinished_ordered'),
-    (10, 'headers');
+    (10, 'headers'),
+    (11, 'stamp_as_owner');

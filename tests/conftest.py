@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from relay.grants import Grantee, grant
 from relay.migrate import migrate
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
@@ -40,12 +43,49 @@ def pg_dsn() -> Iterator[str]:
         yield dsn
 
 
+@dataclass(frozen=True)
+class Roles:
+    """The two non-superuser login roles the suite's producers and relays run as: granted
+    on each test's outbox by `names`, exactly what `relay migrate --grant-producer
+    --grant-relay` grants (relay.grants). ``pg_dsn`` (a superuser) only migrates, and
+    arranges or inspects what a test needs."""
+
+    producer: str
+    relay: str
+    producer_dsn: str
+    relay_dsn: str
+
+
+def dsn_as(dsn: str, role: str) -> str:
+    """``dsn`` logging in as ``role`` (trust authentication on the test server)."""
+    return make_conninfo(**{**conninfo_to_dict(dsn), "user": role})
+
+
+@pytest.fixture(scope="session")
+def roles(pg_dsn: str) -> Iterator[Roles]:
+    suffix = uuid.uuid4().hex[:10]
+    producer, relay = f"test_producer_{suffix}", f"test_relay_{suffix}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for role in (producer, relay):
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE").format(sql.Identifier(role))
+            )
+    yield Roles(producer, relay, dsn_as(pg_dsn, producer), dsn_as(pg_dsn, relay))
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for role in (producer, relay):
+            # What is left is the database privilege (TEMPORARY): every schema was dropped.
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 @pytest.fixture
-async def names(pg_dsn: str) -> AsyncIterator[OutboxNames]:
-    """A migrated outbox in a schema of its own, dropped after the test."""
+async def names(pg_dsn: str, roles: Roles) -> AsyncIterator[OutboxNames]:
+    """A migrated outbox in a schema of its own, its producer and relay roles granted,
+    dropped after the test."""
     names = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="outbox")
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await migrate(conn, names)
+        await grant(conn, names, [Grantee("producer", roles.producer), Grantee("relay", roles.relay)])
     yield names
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
@@ -72,7 +112,33 @@ def outbox_at(pg_dsn: str) -> Iterator[Callable[[int], OutboxNames]]:
 
 
 @pytest.fixture
-async def pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+def producer_dsn(roles: Roles, names: OutboxNames) -> str:
+    """The producers' role on this test's outbox (INSERT of the producer columns, SELECT of id)."""
+    return roles.producer_dsn
+
+
+@pytest.fixture
+def relay_dsn(roles: Roles, names: OutboxNames) -> str:
+    """The relays' role on this test's outbox (DML on its tables, no DDL): for `pool`,
+    `store` and every relay process a test starts."""
+    return roles.relay_dsn
+
+
+@pytest.fixture
+async def pool(relay_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """The relay's in-process pool, as the relay role."""
+    p: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        relay_dsn, min_size=1, max_size=10, open=False, kwargs={"autocommit": True}
+    )
+    await p.open(wait=True)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def owner_pool(pg_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """A pool as the owner, for outboxes `names` did not make (outbox_at: an earlier
+    release's schema, which the grants of this release do not fit)."""
     p: AsyncConnectionPool[Any] = AsyncConnectionPool(
         pg_dsn, min_size=1, max_size=10, open=False, kwargs={"autocommit": True}
     )
@@ -111,25 +177,29 @@ def relays() -> Iterator[list[RelayProcess]]:
 
 
 @pytest.fixture
-def db(pg_dsn: str, names: OutboxNames) -> Iterator[Db]:
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        yield Db(conn, names)
+def db(pg_dsn: str, producer_dsn: str, names: OutboxNames) -> Iterator[Db]:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn, psycopg.connect(producer_dsn, autocommit=True) as producer:
+        yield Db(conn, names, producer)
 
 
 class Db:
-    """Synchronous helpers for arranging and inspecting the outbox in tests."""
+    """Synchronous helpers for arranging and inspecting the outbox in tests: ``conn`` is
+    the owner's, ``producer`` (for :meth:`insert`) the producer role's."""
 
-    def __init__(self, conn: psycopg.Connection[Any], names: OutboxNames) -> None:
+    def __init__(
+        self, conn: psycopg.Connection[Any], names: OutboxNames, producer: psycopg.Connection[Any] | None = None
+    ) -> None:
         self.conn = conn
+        self.producer = producer or conn
         self.names = names
         self.table = sql.Identifier(names.schema, names.table)
 
     def insert(self, rows: Iterable[tuple[str, str, Any]], aggregate_type: str = "order") -> list[int]:
-        """Insert (aggregate_id, event_type, payload) rows the way a producer would."""
+        """Insert (aggregate_id, event_type, payload) rows the way a producer would, as the producer role."""
         ids = []
-        with self.conn.transaction():
+        with self.producer.transaction():
             for aggregate_id, event_type, payload in rows:
-                cur = self.conn.execute(
+                cur = self.producer.execute(
                     sql.SQL(
                         "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
                         " VALUES (%s, %s, %s, %s) RETURNING id"

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
@@ -41,9 +42,13 @@ if TYPE_CHECKING:
 LockKind = Literal["row", "advisory", "insert-then-lock"]
 
 
-def create_producer_tables(dsn: str, names: OutboxNames, aggregates: Iterable[str]) -> None:
+def create_producer_tables(
+    dsn: str, names: OutboxNames, aggregates: Iterable[str], *, producer_dsn: str | None = None
+) -> None:
     """The producers' own tables beside the outbox: their aggregates (one row each, with a
-    version the lock holder bumps) and an unrelated table written first in a transaction."""
+    version the lock holder bumps) and an unrelated table written first in a transaction.
+    Made as ``dsn`` (the owner); with ``producer_dsn``, its role may write them, as a
+    service writes its own tables."""
     aggregates_t = sql.Identifier(names.schema, "aggregates")
     audit_t = sql.Identifier(names.schema, "audit")
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -58,6 +63,11 @@ def create_producer_tables(dsn: str, names: OutboxNames, aggregates: Iterable[st
                 sql.SQL("INSERT INTO {} (id) VALUES (%s) ON CONFLICT DO NOTHING").format(aggregates_t),
                 [(a,) for a in aggregates],
             )
+        if producer_dsn is not None:
+            role = sql.Identifier(conninfo_to_dict(producer_dsn)["user"])
+            conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE ON {}, {} TO {}").format(aggregates_t, audit_t, role))
+            audit_seq = sql.Identifier(names.schema, "audit_id_seq")
+            conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(audit_seq, role))
 
 
 @dataclass
@@ -365,15 +375,19 @@ def producers_both_ways(
     seeds: tuple[int, int],
     locked_options: dict[str, Any] | None = None,
     unlocked_options: dict[str, Any] | None = None,
+    producer_dsn: str | None = None,
 ) -> tuple[CommitLog, CommitLog, threading.Thread]:
     """Producers that lock their aggregates (three threads, the design reference's pattern)
     and producers that do not (one thread driving three connections), on aggregates of
     their own, started in the background: their commit logs (the order oracles) and the
-    thread to join. ``*_options`` go to :class:`LockedProducers` and :func:`produce_unlocked`."""
-    create_producer_tables(dsn, names, locked_aggregates)
+    thread to join. ``*_options`` go to :class:`LockedProducers` and :func:`produce_unlocked`.
+    ``dsn`` makes the producers' tables (the owner); the producers write as ``producer_dsn``
+    (the producer role) when given, else as ``dsn``."""
+    writer = producer_dsn or dsn
+    create_producer_tables(dsn, names, locked_aggregates, producer_dsn=producer_dsn)
     locked, unlocked = CommitLog(), CommitLog()
     producers = LockedProducers(
-        dsn, names, locked_aggregates, locked, threads=3, seed=seeds[0], **(locked_options or {})
+        writer, names, locked_aggregates, locked, threads=3, seed=seeds[0], **(locked_options or {})
     )
 
     def produce() -> None:
@@ -381,7 +395,7 @@ def producers_both_ways(
             threading.Thread(target=producers.run, args=(locked_tx,)),
             threading.Thread(
                 target=produce_unlocked,
-                args=(dsn, names, unlocked_aggregates, unlocked),
+                args=(writer, names, unlocked_aggregates, unlocked),
                 kwargs={"rounds": unlocked_rounds, "seed": seeds[1], **(unlocked_options or {})},
             ),
         ]

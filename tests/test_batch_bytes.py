@@ -450,14 +450,20 @@ def test_the_default_and_the_bounds_of_batch_bytes() -> None:
     ],
 )
 def test_relay_start_refuses_a_bad_batch_bytes_with_one_line_and_exit_2(
-    pg_dsn: str, tmp_path: Path, args: list[str], env: dict[str, str], toml: str | None, needles: list[str]
+    pg_dsn: str,
+    relay_dsn: str,
+    tmp_path: Path,
+    args: list[str],
+    env: dict[str, str],
+    toml: str | None,
+    needles: list[str],
 ) -> None:
     extra = []
     if toml is not None:
         config = tmp_path / "relay.toml"
         config.write_text(toml + "\n")
         extra = ["--config", str(config)]
-    proc = run_relay("start", "--dsn", pg_dsn, "--broker", "log", *extra, *args, env=relay_env(**env))
+    proc = run_relay("start", "--dsn", relay_dsn, "--broker", "log", *extra, *args, env=relay_env(**env))
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     err = proc.stderr.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith("relay: "), err

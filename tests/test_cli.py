@@ -51,14 +51,16 @@ def test_concurrent_migrations_apply_once(pg_dsn: str, fresh_schema: str) -> Non
     assert count == len(migrations())
 
 
-def test_start_drains_the_outbox_with_several_workers_and_stops_on_sigterm(pg_dsn: str, db: Db, tmp_path: Path) -> None:
+def test_start_drains_the_outbox_with_several_workers_and_stops_on_sigterm(
+    pg_dsn: str, relay_dsn: str, db: Db, tmp_path: Path
+) -> None:
     ids = db.insert((f"order-{i % 20}", "OrderPlaced" if i % 3 else "EmailQueued", {"i": i}) for i in range(300))
     config = tmp_path / "relay.toml"
     config.write_text(
         f'schema = "{db.names.schema}"\nworkers = 3\nbatch_size = 25\npoll_interval = "100ms"\n'
         '[ordering]\ndefault = "unordered"\nordered = ["Order*"]\n'
     )
-    with RelayProcess("start", "--config", str(config), "--broker", "log", env=relay_env(RELAY_DSN=pg_dsn)) as proc:
+    with RelayProcess("start", "--config", str(config), "--broker", "log", env=relay_env(RELAY_DSN=relay_dsn)) as proc:
         try:
             wait_until(lambda: db.statuses().get("done", 0) >= 300, timeout=30)
         finally:
@@ -88,12 +90,20 @@ def test_start_drains_the_outbox_with_several_workers_and_stops_on_sigterm(pg_ds
     assert "stopping" in err
 
 
-def test_the_retired_commit_order_guard_still_starts_with_one_warning(pg_dsn: str, db: Db, tmp_path: Path) -> None:
+def test_the_retired_commit_order_guard_still_starts_with_one_warning(
+    pg_dsn: str, relay_dsn: str, db: Db, tmp_path: Path
+) -> None:
     [oid] = db.insert([("order-1", "OrderPlaced", {})])
     config = tmp_path / "relay.toml"
     config.write_text(f'schema = "{db.names.schema}"\ncommit_order_guard = false\npoll_interval = "100ms"\n')
     with RelayProcess(
-        "start", "--config", str(config), "--broker", "log", "--no-commit-order-guard", env=relay_env(RELAY_DSN=pg_dsn)
+        "start",
+        "--config",
+        str(config),
+        "--broker",
+        "log",
+        "--no-commit-order-guard",
+        env=relay_env(RELAY_DSN=relay_dsn),
     ) as proc:
         try:
             wait_until(lambda: db.statuses() == {"done": 1}, timeout=20)

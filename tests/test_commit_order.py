@@ -23,6 +23,7 @@ from psycopg import sql
 from adapters.memory import InMemoryPublisher
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.db import open_pool
+from relay.grants import Grantee, grant
 from relay.message import Decision, OutboxMessage
 from relay.migrate import migrate
 from relay.options import resolve
@@ -32,7 +33,7 @@ from relay.shared_settings import store_ordering
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
-from tests.conftest import Db
+from tests.conftest import Db, Roles
 from tests.producers import (
     CommitLog,
     LockedProducers,
@@ -106,21 +107,21 @@ class RelayInThread:
 
 
 @pytest.fixture
-def aggregates(pg_dsn: str, names: OutboxNames) -> list[str]:
+def aggregates(pg_dsn: str, producer_dsn: str, names: OutboxNames) -> list[str]:
     found = [f"order-{i}" for i in range(12)]
-    create_producer_tables(pg_dsn, names, found)
+    create_producer_tables(pg_dsn, names, found, producer_dsn=producer_dsn)
     return found
 
 
 @pytest.mark.parametrize("lock", ["row", "advisory", "insert-then-lock"])
 async def test_locking_producers_are_delivered_in_commit_order(
-    pg_dsn: str, names: OutboxNames, aggregates: list[str], lock: Any
+    pg_dsn: str, relay_dsn: str, producer_dsn: str, names: OutboxNames, aggregates: list[str], lock: Any
 ) -> None:
     log = CommitLog()
     producers = LockedProducers(
-        pg_dsn, names, aggregates, log, threads=4, lock=lock, unordered_type="EmailQueued", seed=hash(lock) % 1000
+        producer_dsn, names, aggregates, log, threads=4, lock=lock, unordered_type="EmailQueued", seed=hash(lock) % 1000
     )
-    relay = RelayInThread(relay_settings(pg_dsn, names))
+    relay = RelayInThread(relay_settings(relay_dsn, names))
     await relay.run_while(lambda: producers.run(40), log.ids)
     assert log.committed > 100 and log.aborted > 0
     if lock != "insert-then-lock":
@@ -131,12 +132,12 @@ async def test_locking_producers_are_delivered_in_commit_order(
 
 
 async def test_unlocked_producers_are_delivered_in_commit_order(
-    pg_dsn: str, names: OutboxNames, aggregates: list[str]
+    pg_dsn: str, relay_dsn: str, producer_dsn: str, names: OutboxNames, aggregates: list[str]
 ) -> None:
     log = CommitLog()
-    relay = RelayInThread(relay_settings(pg_dsn, names))
+    relay = RelayInThread(relay_settings(relay_dsn, names))
     await relay.run_while(
-        lambda: produce_unlocked(pg_dsn, names, aggregates, log, rounds=60, seed=3, pause_s=(0.0, 0.05)), log.ids
+        lambda: produce_unlocked(producer_dsn, names, aggregates, log, rounds=60, seed=3, pause_s=(0.0, 0.05)), log.ids
     )
     expected = log.expected()
     assert any(ids != sorted(ids) for ids in expected.values()), "no commit went against id order: nothing tested"
@@ -262,16 +263,17 @@ async def test_producers_at_stricter_isolation_levels(
 
 
 async def test_two_outboxes_written_in_one_transaction_each_get_their_stamp(
-    pg_dsn: str, names: OutboxNames, store: OutboxStore, pool: Any
+    pg_dsn: str, producer_dsn: str, names: OutboxNames, store: OutboxStore, pool: Any, roles: Roles
 ) -> None:
     second = OutboxNames(schema=f"t_{uuid.uuid4().hex[:12]}", table="events")
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await migrate(conn, second)
+        await grant(conn, second, [Grantee("producer", roles.producer), Grantee("relay", roles.relay)])
     try:
         other = OutboxStore(pool, second)
         async with pool.connection() as conn:
             await store_ordering(conn, second, OrderingMap())
-        with psycopg.connect(pg_dsn) as t1, psycopg.connect(pg_dsn) as t2:
+        with psycopg.connect(roles.producer_dsn) as t1, psycopg.connect(roles.producer_dsn) as t2:
             a_low, b_low = _insert(t1, names), _insert(t1, second)
             a_high, b_high = _insert(t2, names), _insert(t2, second)
             t2.commit()

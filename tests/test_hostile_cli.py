@@ -86,12 +86,12 @@ def test_a_malformed_dsn_from_relay_dsn_is_one_line_without_its_password() -> No
 
 
 def test_a_url_that_parses_but_cannot_connect_names_its_parts_without_the_password(
-    pg_dsn: str, names: OutboxNames
+    pg_dsn: str, relay_dsn: str, names: OutboxNames
 ) -> None:
     # The second has an unencoded "@": both urlsplit and aio-pika's yarl end the user info
     # at the last one, so it is taken as meant (password "x@Secret55").
     urls = ("amqp://guest:Secret55@127.0.0.1:1/", "amqp://guest:x@Secret55@127.0.0.1:1/")
-    for proc in run_parallel(*(["start", *relay_args(pg_dsn, names, url)] for url in urls)):
+    for proc in run_parallel(*(["start", *relay_args(relay_dsn, names, url)] for url in urls)):
         assert_one_line_error(proc, "cannot connect to RabbitMQ at amqp://guest@127.0.0.1:1/")
         assert_no_secret(proc)
 
@@ -151,15 +151,15 @@ def test_dead_list_json_keeps_producer_data_exact_and_the_error_masked(hostile_o
 
 
 def test_explain_of_a_huge_aggregate_id_and_a_huge_table_name_answer_at_once(
-    pg_dsn: str, names: OutboxNames, tmp_path: Path
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, tmp_path: Path
 ) -> None:
     """On main, masking these error lines took 21 s and 10 minutes."""
     config = tmp_path / "relay.toml"
     config.write_text(f'table = "{"t" * 1_000_000}"\n')
     started = time.monotonic()
     explain, table = run_parallel(
-        ["explain", "x" * 60_000, "--dsn", pg_dsn, "--schema", names.schema],
-        ["status", "--dsn", pg_dsn, "--config", str(config)],
+        ["explain", "x" * 60_000, "--dsn", relay_dsn, "--schema", names.schema],
+        ["status", "--dsn", relay_dsn, "--config", str(config)],
     )
     assert time.monotonic() - started < 10
     assert_one_line_error(explain, "not found")
@@ -182,7 +182,7 @@ STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|
 
 
 async def test_a_huge_event_type_and_a_forged_aggregate_id_neither_delay_nor_forge_anything(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path
 ) -> None:
     """The issue's running case: one row with a 70,000-character event type among 300 normal
     rows went dead correctly, but logging it froze the relay for 29 s. Here the 300 arrive
@@ -191,7 +191,7 @@ async def test_a_huge_event_type_and_a_forged_aggregate_id_neither_delay_nor_for
     queue = await rabbit.queue(bind=(exchange, "Order.#"))
     # Batches of 20, so that the 300 take 15 batches, all after the long row's (it is
     # written first): whatever logging it costs, every batch behind it waits for.
-    args = relay_args(pg_dsn, names, rabbit.amqp.url, "--exchange", exchange, "--workers", "2", "--batch-size", "20")
+    args = relay_args(relay_dsn, names, rabbit.amqp.url, "--exchange", exchange, "--workers", "2", "--batch-size", "20")
     process = RelayProcess("start", *args)
     relays.append(process)
     await process.wait_for_log("relay started")
@@ -223,7 +223,7 @@ async def test_a_huge_event_type_and_a_forged_aggregate_id_neither_delay_nor_for
 
     # An operator re-drives the long row (26 s on main, logging it): at once.
     started = time.monotonic()
-    retry = run_relay("dead", "retry", str(ids[0]), "--dsn", pg_dsn, "--schema", names.schema)
+    retry = run_relay("dead", "retry", str(ids[0]), "--dsn", relay_dsn, "--schema", names.schema)
     assert retry.returncode == 0, retry.stderr
     assert time.monotonic() - started < 5
     assert all(len(line) < 5000 for line in retry.stdout.splitlines() + retry.stderr.splitlines())

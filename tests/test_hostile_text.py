@@ -432,7 +432,7 @@ def names_at_0004(outbox_at: Callable[[int], OutboxNames]) -> OutboxNames:
 
 
 async def test_rows_longer_than_the_limit_written_before_0005_are_still_delivered(
-    pg_dsn: str, names_at_0004: OutboxNames, pool: AsyncConnectionPool[Any]
+    pg_dsn: str, names_at_0004: OutboxNames, owner_pool: AsyncConnectionPool[Any]
 ) -> None:
     """The limit binds producers' inserts only: long (compressible) ordered ids already in
     the table before the upgrade pass through the relay's own updates after it (numbered
@@ -446,7 +446,7 @@ async def test_rows_longer_than_the_limit_written_before_0005_are_still_delivere
             await migrate(aconn, names)
         with pytest.raises(psycopg.errors.CheckViolation):
             _insert_one(db, "g" * 5000)
-        store = OutboxStore(pool, names)  # the migrations' default map: every type ordered
+        store = OutboxStore(owner_pool, names)  # the migrations' default map: every type ordered
         worker, publisher = make_worker(store, lambda m: RetryableError("later"), max_attempts=10)
         await run_until(worker, lambda: db.row(retried)["attempts"] >= 1)  # numbered, claimed, retried
         assert db.row(retried)["aggregate_seq"] == 1

@@ -102,11 +102,11 @@ async def test_status_cli_text_json_and_event_types(scene: Scene, db: Db, pg_dsn
     assert "EVENT TYPE" not in proc.stdout  # the breakdown only on request
 
 
-def test_status_watch_redraws_in_place_until_ctrl_c(pg_dsn: str, names: OutboxNames) -> None:
+def test_status_watch_redraws_in_place_until_ctrl_c(pg_dsn: str, relay_dsn: str, names: OutboxNames) -> None:
     # On a terminal (a pty here) it clears and redraws; Ctrl-C ends it with exit code 0.
     primary, secondary = pty.openpty()
     proc = subprocess.Popen(
-        [RELAY, "status", "--dsn", pg_dsn, "--schema", names.schema, "--watch", "--interval", "200ms"],
+        [RELAY, "status", "--dsn", relay_dsn, "--schema", names.schema, "--watch", "--interval", "200ms"],
         stdin=subprocess.DEVNULL,
         stdout=secondary,
         stderr=subprocess.PIPE,
@@ -131,9 +131,9 @@ def test_status_watch_redraws_in_place_until_ctrl_c(pg_dsn: str, names: OutboxNa
     assert b"Traceback" not in err
 
 
-def test_status_watch_piped_prints_one_frame_after_another(pg_dsn: str, names: OutboxNames) -> None:
+def test_status_watch_piped_prints_one_frame_after_another(pg_dsn: str, relay_dsn: str, names: OutboxNames) -> None:
     proc = subprocess.Popen(
-        [RELAY, "status", "--dsn", pg_dsn, "--schema", names.schema, "--watch", "--interval", "200ms", "--json"],
+        [RELAY, "status", "--dsn", relay_dsn, "--schema", names.schema, "--watch", "--interval", "200ms", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -248,21 +248,21 @@ async def test_explain_cli_text_json_and_unknown_aggregate(scene: Scene, db: Db,
     assert_one_line_error(run_relay("explain", "no-such-aggregate", *target(pg_dsn, db)), "not found")
 
 
-def test_commands_refuse_an_outbox_without_the_ops_migration(pg_dsn: str, db: Db) -> None:
+def test_commands_refuse_an_outbox_without_the_ops_migration(pg_dsn: str, relay_dsn: str, db: Db) -> None:
     db.conn.execute(
         sql.SQL("DELETE FROM {} WHERE version = 3").format(sql.Identifier(db.names.schema, "outbox_migrations"))
     )
     assert_one_line_error(run_relay("status", *target(pg_dsn, db)), "lacks migration 0003_ops", "relay migrate")
     assert_one_line_error(
-        run_relay("status", "--dsn", pg_dsn, "--schema", "never_migrated"), "never_migrated.outbox is not set up"
+        run_relay("status", "--dsn", relay_dsn, "--schema", "never_migrated"), "never_migrated.outbox is not set up"
     )
 
 
-def test_status_bad_input(pg_dsn: str, db: Db) -> None:
+def test_status_bad_input(pg_dsn: str, relay_dsn: str, db: Db) -> None:
     assert_one_line_error(run_relay("status", *target(pg_dsn, db), "--interval", "soon"), "invalid --interval")
     assert_one_line_error(run_relay("status", *target(pg_dsn, db), "--interval", "0s"), "invalid --interval")
     assert_one_line_error(run_relay("status"), "no database given")
-    assert_one_line_error(run_relay("status", "--dsn", pg_dsn, "--table", "Bad-Name"), "invalid table name")
+    assert_one_line_error(run_relay("status", "--dsn", relay_dsn, "--table", "Bad-Name"), "invalid table name")
 
 
 @pytest.mark.parametrize(

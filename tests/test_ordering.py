@@ -57,16 +57,18 @@ async def drain(workers: Sequence[Any], until: Callable[[], bool], timeout: floa
 
 @pytest.mark.parametrize("producers", ["locked", "unlocked"])
 async def test_four_workers_finalize_one_aggregate_in_commit_order(
-    store: OutboxStore, db: Db, pg_dsn: str, producers: str
+    store: OutboxStore, db: Db, pg_dsn: str, producer_dsn: str, producers: str
 ) -> None:
     """Several transactions write one aggregate (locking it first, or not), all committed
     before the relay looks; four workers then race to deliver them."""
     log = CommitLog()
     if producers == "locked":
-        create_producer_tables(pg_dsn, db.names, ["order-1"])
-        LockedProducers(pg_dsn, db.names, ["order-1"], log, threads=3, seed=4, pause_s=0.002).run(10)
+        create_producer_tables(pg_dsn, db.names, ["order-1"], producer_dsn=producer_dsn)
+        LockedProducers(producer_dsn, db.names, ["order-1"], log, threads=3, seed=4, pause_s=0.002).run(10)
     else:
-        produce_unlocked(pg_dsn, db.names, ["order-1"], log, rounds=8, seed=4, unordered_type=None, pause_s=(0, 0))
+        produce_unlocked(
+            producer_dsn, db.names, ["order-1"], log, rounds=8, seed=4, unordered_type=None, pause_s=(0, 0)
+        )
     expected = log.expected()["order-1"]
     assert len(expected) >= 20
     rec = recording(store)

@@ -61,22 +61,24 @@ def relay_args(names: OutboxNames, exchange: str, url: str) -> list[str]:
     ]  # fmt: skip
 
 
-def produce(pg_dsn: str, names: OutboxNames, kind: str, seed: int) -> tuple[CommitLog, threading.Thread]:
+def produce(
+    pg_dsn: str, producer_dsn: str, names: OutboxNames, kind: str, seed: int
+) -> tuple[CommitLog, threading.Thread]:
     """Producers of ``kind`` writing in the background: ``locked`` ones (the design
     reference's pattern, three threads) or ``unlocked`` ones (commits against id order)."""
     log = CommitLog()
     if kind == "locked":
         aggregates = [f"order-L{i}" for i in range(12)]
-        create_producer_tables(pg_dsn, names, aggregates)
+        create_producer_tables(pg_dsn, names, aggregates, producer_dsn=producer_dsn)
         producers = LockedProducers(
-            pg_dsn, names, aggregates, log, threads=3, unordered_type="EmailQueued", seed=seed, pause_s=0.02
+            producer_dsn, names, aggregates, log, threads=3, unordered_type="EmailQueued", seed=seed, pause_s=0.02
         )
         thread = threading.Thread(target=producers.run, args=(40,))
     else:
         aggregates = [f"order-U{i}" for i in range(8)]
         thread = threading.Thread(
             target=produce_unlocked,
-            args=(pg_dsn, names, aggregates, log),
+            args=(producer_dsn, names, aggregates, log),
             kwargs={"rounds": 40, "seed": seed, "pause_s": (0.0, 0.1)},
         )
     thread.start()
@@ -138,6 +140,7 @@ def assert_only_ready_heads(seen: InFlight, expected: dict[str, list[int]]) -> N
 
 async def start_behind_slow_confirms(
     pg_dsn: str,
+    relay_dsn: str,
     names: OutboxNames,
     db: Db,
     rabbit: Rabbit,
@@ -151,7 +154,7 @@ async def start_behind_slow_confirms(
     exchange = await rabbit.exchange("direct")
     queue = await rabbit.queue(bind=(exchange, "outbox"))
     store_fleet_ordering(pg_dsn, names)
-    env = relay_env(RELAY_DSN=pg_dsn, RELAY_LOG_LEVEL="warning")
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_LOG_LEVEL="warning")
     relay = RelayProcess("start", *relay_args(names, exchange, proxy.url(amqp.url)), env=env)
     relays.append(relay)
     await warm_up(db, relay)
@@ -163,6 +166,8 @@ async def start_behind_slow_confirms(
 async def test_a_relay_killed_with_a_batch_in_hand_and_one_prefetched_loses_nothing_and_keeps_order(
     kind: str,
     pg_dsn: str,
+    relay_dsn: str,
+    producer_dsn: str,
     names: OutboxNames,
     db: Db,
     rabbit: Rabbit,
@@ -170,8 +175,10 @@ async def test_a_relay_killed_with_a_batch_in_hand_and_one_prefetched_loses_noth
     proxy: TcpProxy,
     relays: list[RelayProcess],
 ) -> None:
-    exchange, queue, env, first = await start_behind_slow_confirms(pg_dsn, names, db, rabbit, amqp, proxy, relays)
-    log, producing = produce(pg_dsn, names, kind, seed=11)
+    exchange, queue, env, first = await start_behind_slow_confirms(
+        pg_dsn, relay_dsn, names, db, rabbit, amqp, proxy, relays
+    )
+    log, producing = produce(pg_dsn, producer_dsn, names, kind, seed=11)
 
     seen = await two_batches_in_flight(db, first)
     first.kill()  # no drain: both batches stay leased until their leases expire
@@ -197,6 +204,8 @@ async def test_a_relay_killed_with_a_batch_in_hand_and_one_prefetched_loses_noth
 async def test_sigterm_with_a_prefetched_batch_releases_it_and_exits_0(
     kind: str,
     pg_dsn: str,
+    relay_dsn: str,
+    producer_dsn: str,
     names: OutboxNames,
     db: Db,
     rabbit: Rabbit,
@@ -204,8 +213,10 @@ async def test_sigterm_with_a_prefetched_batch_releases_it_and_exits_0(
     proxy: TcpProxy,
     relays: list[RelayProcess],
 ) -> None:
-    exchange, queue, env, relay = await start_behind_slow_confirms(pg_dsn, names, db, rabbit, amqp, proxy, relays)
-    log, producing = produce(pg_dsn, names, kind, seed=5)
+    exchange, queue, env, relay = await start_behind_slow_confirms(
+        pg_dsn, relay_dsn, names, db, rabbit, amqp, proxy, relays
+    )
+    log, producing = produce(pg_dsn, producer_dsn, names, kind, seed=5)
     await asyncio.to_thread(producing.join)  # a backlog: the claim ahead finds a full batch
 
     seen = await two_batches_in_flight(db, relay)

@@ -1,16 +1,13 @@
-"""A producer role with exactly the privileges the README lists can write the outbox:
-ordered and unordered events, while a relay is idle (its insert notifies) and while one
-works. The relay's triggers run with the producer's own privileges."""
+"""A producer role with exactly the privileges `--grant-producer` grants (sql/grants.sql;
+the suite's `producer_dsn`) can write the outbox: ordered and unordered events, while a
+relay is idle (its insert notifies) and while one works. The routing trigger runs with the
+producer's privileges, the commit stamp as the owner (migration 0011)."""
 
 from __future__ import annotations
-
-import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
@@ -18,30 +15,8 @@ from relay.sqlnames import OutboxNames
 from tests.helpers import record_listeners
 
 
-@pytest.fixture
-def producer_dsn(pg_dsn: str, names: OutboxNames) -> Iterator[str]:
-    """A login role granted what the README's "Producers' privileges" says, and nothing more."""
-    role = f"producer_{uuid.uuid4().hex[:10]}"
-    t = names.table
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        grants = [
-            ("GRANT USAGE ON SCHEMA {} TO {}", sql.Identifier(names.schema)),
-            ("GRANT INSERT ON {} TO {}", sql.Identifier(names.schema, t)),
-            ("GRANT SELECT ON {} TO {}", sql.Identifier(names.schema, f"{t}_settings")),
-            ("GRANT INSERT ON {} TO {}", sql.Identifier(names.schema, f"{t}_commits")),
-            ("GRANT USAGE ON SEQUENCE {} TO {}", sql.Identifier(names.schema, f"{t}_commit_stamp")),
-        ]
-        for text, target in grants:
-            conn.execute(sql.SQL(text).format(target, sql.Identifier(role)))
-    yield make_conninfo(**{**conninfo_to_dict(pg_dsn), "user": role})
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
-
-
 @pytest.mark.parametrize("relay_idle", [True, False])
-async def test_a_producer_with_the_listed_privileges_writes_ordered_and_unordered_events(
+async def test_a_producer_with_the_granted_privileges_writes_ordered_and_unordered_events(
     pg_dsn: str, names: OutboxNames, producer_dsn: str, relay_idle: bool
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:

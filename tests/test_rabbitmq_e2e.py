@@ -41,7 +41,14 @@ async def wait_until_done(db: Db, process: RelayProcess, total: int, timeout: fl
 
 
 async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_in_commit_order(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path
+    pg_dsn: str,
+    relay_dsn: str,
+    producer_dsn: str,
+    names: OutboxNames,
+    db: Db,
+    rabbit: Rabbit,
+    relays: list[RelayProcess],
+    tmp_path: Path,
 ) -> None:
     exchange = await rabbit.exchange("topic")
     queue = await rabbit.queue(bind=(exchange, "order.#"))
@@ -52,18 +59,18 @@ async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_
     # Services that lock the aggregate before writing (the design reference's pattern),
     # and services that do not, on aggregates of their own.
     locked_aggs, unlocked_aggs = [f"acct-L{i}" for i in range(10)], [f"acct-U{i}" for i in range(6)]
-    create_producer_tables(pg_dsn, names, locked_aggs)
+    create_producer_tables(pg_dsn, names, locked_aggs, producer_dsn=producer_dsn)
     locked, unlocked = CommitLog(), CommitLog()
     # Rows are routed to the ordered or unordered claim when inserted, by the stored map:
     # the operator stores it first (relay start only reads it).
     stored = run_relay(
-        "settings", "set", "--dsn", pg_dsn, "--schema", names.schema, "--ordered", "Order*", "--unordered", "Email*"
+        "settings", "set", "--dsn", relay_dsn, "--schema", names.schema, "--ordered", "Order*", "--unordered", "Email*"
     )
     assert stored.returncode == 0, stored.stderr
 
     process = RelayProcess(
         "start",
-        *relay_args(pg_dsn, names, rabbit.amqp.url),
+        *relay_args(relay_dsn, names, rabbit.amqp.url),
         "--exchange",
         exchange,
         "--routing-key",
@@ -75,9 +82,10 @@ async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_
     await process.wait_for_log("relay started")
     bulk = asyncio.to_thread(db.insert, rows)
     locking = asyncio.to_thread(
-        LockedProducers(pg_dsn, names, locked_aggs, locked, threads=3, unordered_type="EmailQueued", seed=1).run, 40
+        LockedProducers(producer_dsn, names, locked_aggs, locked, threads=3, unordered_type="EmailQueued", seed=1).run,
+        40,
     )
-    unlocking = asyncio.to_thread(produce_unlocked, pg_dsn, names, unlocked_aggs, unlocked, rounds=40, seed=2)
+    unlocking = asyncio.to_thread(produce_unlocked, producer_dsn, names, unlocked_aggs, unlocked, rounds=40, seed=2)
     ids, _, _ = await asyncio.gather(bulk, locking, unlocking)
     total = len(await asyncio.to_thread(db.rows))
     await wait_until_done(db, process, total, timeout=90)
@@ -118,13 +126,13 @@ async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_
 
 
 async def test_a_missing_exchange_never_stops_relay_start_and_delivery_begins_once_it_exists(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path
 ) -> None:
     name = unique("ex")  # created by "the deployment" only after the relay started
     ids = await asyncio.to_thread(db.insert, [(f"order-{i}", "OrderPlaced", {"i": i}) for i in range(20)])
     process = RelayProcess(
         "start",
-        *relay_args(pg_dsn, names, rabbit.amqp.url),
+        *relay_args(relay_dsn, names, rabbit.amqp.url),
         "--exchange",
         name,
         "--routing-key",
@@ -165,7 +173,7 @@ def closed_port() -> int:
 
 @pytest.mark.parametrize("fault", ["wrong password", "unknown vhost", "unreachable", "bad routing key"])
 async def test_relay_start_exits_2_with_one_line_on_settings_no_retry_can_fix(
-    pg_dsn: str, names: OutboxNames, amqp: AmqpService, fault: str
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, amqp: AmqpService, fault: str
 ) -> None:
     secret = "n0t-the-Passw0rd"
     url, extra, expected = {
@@ -175,7 +183,7 @@ async def test_relay_start_exits_2_with_one_line_on_settings_no_retry_can_fix(
         "bad routing key": (amqp.with_password(secret), ["--routing-key", "{tenant}.{event_type}"], "{tenant}"),
     }[fault]
     started = time.monotonic()
-    proc = await asyncio.to_thread(run_relay, "start", *relay_args(pg_dsn, names, url, *extra))
+    proc = await asyncio.to_thread(run_relay, "start", *relay_args(relay_dsn, names, url, *extra))
     elapsed = time.monotonic() - started
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip()

@@ -216,19 +216,19 @@ async def test_bad_release_requests_get_one_line(store: OutboxStore, db: Db, pg_
 
 @pytest.mark.parametrize("producers", ["locked", "unlocked"])
 async def test_released_ordered_rows_are_delivered_in_commit_order(
-    producers: str, store: OutboxStore, db: Db, pg_dsn: str
+    producers: str, store: OutboxStore, db: Db, pg_dsn: str, producer_dsn: str
 ) -> None:
     """The crashed host held the head of each aggregate, written by producers that lock the
     aggregate (the design reference's pattern) or that do not; after `relay release --yes`
     another relay delivers every aggregate in the order its transactions committed, as the
     producers observed it, with aggregate_seq 1, 2, 3, ..."""
     aggregates = ["order-1", "order-2"]
-    create_producer_tables(pg_dsn, db.names, aggregates)
+    create_producer_tables(pg_dsn, db.names, aggregates, producer_dsn=producer_dsn)
     log = CommitLog()
     if producers == "locked":
-        LockedProducers(pg_dsn, db.names, aggregates, log, threads=2, rollback_share=0.0, seed=3).run(6)
+        LockedProducers(producer_dsn, db.names, aggregates, log, threads=2, rollback_share=0.0, seed=3).run(6)
     else:
-        produce_unlocked(pg_dsn, db.names, aggregates, log, rounds=6, seed=3, unordered_type=None)
+        produce_unlocked(producer_dsn, db.names, aggregates, log, rounds=6, seed=3, unordered_type=None)
     expected = log.expected()
     heads = {order[0] for order in expected.values()}
     await claim_as(store, f"{DEAD_HOST}:0", heads)

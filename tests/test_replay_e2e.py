@@ -45,7 +45,7 @@ def per_aggregate_ordered(arrivals: Iterable[tuple[int, str, str]]) -> dict[str,
 
 
 def start_producers(
-    pg_dsn: str, names: OutboxNames, prefix: str, seeds: tuple[int, int], transactions: int = 25
+    pg_dsn: str, producer_dsn: str, names: OutboxNames, prefix: str, seeds: tuple[int, int], transactions: int = 25
 ) -> tuple[CommitLog, CommitLog, threading.Thread]:
     """Producers that lock their aggregates and producers that do not, on aggregates of
     their own (named ``prefix``-L and -U), writing in the background."""
@@ -58,14 +58,15 @@ def start_producers(
         unlocked_rounds=transactions,
         seeds=seeds,
         locked_options={"unordered_type": "EmailQueued"},
+        producer_dsn=producer_dsn,
     )
 
 
 async def history_through_a_live_relay(
-    pg_dsn: str, names: OutboxNames, db: Db, live: RelayProcess, prefix: str, seeds: tuple[int, int]
+    pg_dsn: str, producer_dsn: str, names: OutboxNames, db: Db, live: RelayProcess, prefix: str, seeds: tuple[int, int]
 ) -> tuple[CommitLog, CommitLog]:
     """Both kinds of producers write; the live relay delivers it all."""
-    locked, unlocked, producing = start_producers(pg_dsn, names, prefix, seeds)
+    locked, unlocked, producing = start_producers(pg_dsn, producer_dsn, names, prefix, seeds)
     await asyncio.to_thread(producing.join)
     await wait_for_done(db, live)
     return locked, unlocked
@@ -87,19 +88,25 @@ def store_ordering(pg_dsn: str, names: OutboxNames) -> None:
 
 
 async def test_replay_of_an_id_range_into_a_fresh_rabbitmq_queue_while_the_live_relay_delivers_new_rows(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relays: list[RelayProcess]
+    pg_dsn: str,
+    producer_dsn: str,
+    relay_dsn: str,
+    names: OutboxNames,
+    db: Db,
+    rabbit: Rabbit,
+    relays: list[RelayProcess],
 ) -> None:
     store_ordering(pg_dsn, names)
     exchange = await rabbit.exchange("topic")
     live_queue = await rabbit.queue(bind=(exchange, "#"))
     env = relay_env(RELAY_AMQP_URL=rabbit.amqp.url)
     live = RelayProcess(
-        "start", "--dsn", pg_dsn, "--schema", names.schema, "--broker", "rabbitmq", "--exchange", exchange,
+        "start", "--dsn", relay_dsn, "--schema", names.schema, "--broker", "rabbitmq", "--exchange", exchange,
         "--workers", "2", "--poll-interval", "100ms", env=env,
     )  # fmt: skip
     relays.append(live)
     await live.wait_for_log("relay started")
-    locked, unlocked = await history_through_a_live_relay(pg_dsn, names, db, live, "h", (1, 2))
+    locked, unlocked = await history_through_a_live_relay(pg_dsn, producer_dsn, names, db, live, "h", (1, 2))
     before = db.rows()
     live_got = await rabbit.drain(live_queue, len(before), timeout=30)
     assert len(live_got) == len(before)
@@ -111,10 +118,10 @@ async def test_replay_of_an_id_range_into_a_fresh_rabbitmq_queue_while_the_live_
     fresh = await rabbit.queue()  # a new consumer's own queue, reached through the default exchange
 
     # New rows keep coming while the replay runs, and the live relay delivers them.
-    more_locked, more_unlocked, producing = start_producers(pg_dsn, names, "n", (3, 4), transactions=30)
+    more_locked, more_unlocked, producing = start_producers(pg_dsn, producer_dsn, names, "n", (3, 4), transactions=30)
     proc = await asyncio.to_thread(
         run_relay,
-        "replay", "--dsn", pg_dsn, "--schema", names.schema, "--broker", "rabbitmq",
+        "replay", "--dsn", relay_dsn, "--schema", names.schema, "--broker", "rabbitmq",
         "--from-id", str(low), "--to-id", str(high), "--to", "", "--routing-key", fresh,
         "--workers", "3", "--batch-size", "20",
         env=env,
@@ -161,24 +168,24 @@ async def test_replay_of_an_id_range_into_a_fresh_rabbitmq_queue_while_the_live_
 
 
 def test_replay_into_a_fresh_sqs_fifo_queue_and_again_into_the_live_one(
-    pg_dsn: str, names: OutboxNames, db: Db, make_queue: Any, moto_endpoint: str, sqs_client: Any,
-    relays: list[RelayProcess],
+    pg_dsn: str, producer_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, make_queue: Any,
+    moto_endpoint: str, sqs_client: Any, relays: list[RelayProcess],
 ) -> None:  # fmt: skip
     store_ordering(pg_dsn, names)
     live_url, fresh_url = make_queue(fifo=True), make_queue(fifo=True)
     aws = ("--broker", "sqs", "--endpoint-url", moto_endpoint, "--region", "us-east-1")
     live = RelayProcess(
-        "start", "--dsn", pg_dsn, "--schema", names.schema, *aws, "--queue-url", live_url,
+        "start", "--dsn", relay_dsn, "--schema", names.schema, *aws, "--queue-url", live_url,
         "--workers", "2", "--poll-interval", "100ms",
     )  # fmt: skip
     relays.append(live)
-    locked, unlocked = asyncio.run(history_through_a_live_relay(pg_dsn, names, db, live, "s", (5, 6)))
+    locked, unlocked = asyncio.run(history_through_a_live_relay(pg_dsn, producer_dsn, names, db, live, "s", (5, 6)))
     before = db.rows()
     ids = [r["id"] for r in before]
     low, high = ids[len(ids) // 3], ids[2 * len(ids) // 3]
     selected = {i for i in ids if low <= i <= high}
     selection = ("--from-id", str(low), "--to-id", str(high))
-    base = ("replay", "--dsn", pg_dsn, "--schema", names.schema, *aws, "--queue-url", live_url, *selection)
+    base = ("replay", "--dsn", relay_dsn, "--schema", names.schema, *aws, "--queue-url", live_url, *selection)
 
     to_fresh = run_relay(*base, "--to", fresh_url)
     assert to_fresh.returncode == 0, to_fresh.stderr[-3000:]
@@ -211,14 +218,14 @@ def test_replay_into_a_fresh_sqs_fifo_queue_and_again_into_the_live_one(
 
 
 async def test_a_dry_run_publishes_nothing_and_changes_nothing(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit
 ) -> None:
     ids = db.insert([(f"a{i % 4}", "OrderPlaced", {"i": i}) for i in range(40)])
     db.conn.execute(f"UPDATE {names.schema}.{names.table} SET status = 'done', done_at = now(), attempts = 1")
     before = db.rows()
     queue = await rabbit.queue()
     proc = run_relay(
-        "replay", "--dsn", pg_dsn, "--schema", names.schema, "--broker", "rabbitmq",
+        "replay", "--dsn", relay_dsn, "--schema", names.schema, "--broker", "rabbitmq",
         "--from-id", str(ids[10]), "--to-id", str(ids[29]), "--to", "", "--routing-key", queue, "--dry-run",
         env=relay_env(RELAY_AMQP_URL=rabbit.amqp.url),
     )  # fmt: skip
@@ -231,23 +238,29 @@ async def test_a_dry_run_publishes_nothing_and_changes_nothing(
 
 
 async def test_ctrl_c_mid_replay_prints_a_resume_command_that_finishes_the_rest(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, relays: list[RelayProcess]
+    pg_dsn: str,
+    producer_dsn: str,
+    relay_dsn: str,
+    names: OutboxNames,
+    db: Db,
+    rabbit: Rabbit,
+    relays: list[RelayProcess],
 ) -> None:
     store_ordering(pg_dsn, names)
     env = relay_env(RELAY_AMQP_URL=rabbit.amqp.url)
     exchange = await rabbit.exchange("topic")
     await rabbit.queue(bind=(exchange, "#"))  # the live consumer's, not read here
     live = RelayProcess(
-        "start", "--dsn", pg_dsn, "--schema", names.schema, "--broker", "rabbitmq", "--exchange", exchange,
+        "start", "--dsn", relay_dsn, "--schema", names.schema, "--broker", "rabbitmq", "--exchange", exchange,
         "--poll-interval", "100ms", env=env,
     )  # fmt: skip
     relays.append(live)
-    locked, unlocked = await history_through_a_live_relay(pg_dsn, names, db, live, "c", (7, 8))
+    locked, unlocked = await history_through_a_live_relay(pg_dsn, producer_dsn, names, db, live, "c", (7, 8))
     assert live.stop() == 0
     selected = {r["id"] for r in db.rows()}
     queue = await rabbit.queue()
     replay = RelayProcess(
-        "replay", "--dsn", pg_dsn, "--schema", names.schema, "--broker", "rabbitmq",
+        "replay", "--dsn", relay_dsn, "--schema", names.schema, "--broker", "rabbitmq",
         "--since", "1h", "--to", "", "--routing-key", queue, "--rate", "150/s", "--batch-size", "10", env=env,
     )  # fmt: skip
     relays.append(replay)
@@ -304,10 +317,10 @@ async def test_ctrl_c_mid_replay_prints_a_resume_command_that_finishes_the_rest(
     ],
 )
 def test_bad_selectors_and_an_empty_selection_are_one_line_and_exit_2(
-    pg_dsn: str, names: OutboxNames, db: Db, args: tuple[str, ...], needle: str
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, args: tuple[str, ...], needle: str
 ) -> None:
     db.insert([("a", "OrderPlaced", {})])
-    proc = run_relay("replay", "--dsn", pg_dsn, "--schema", names.schema, "--broker", "log", *args)
+    proc = run_relay("replay", "--dsn", relay_dsn, "--schema", names.schema, "--broker", "log", *args)
     assert_one_line_error(proc, needle)
 
 

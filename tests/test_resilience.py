@@ -59,14 +59,14 @@ async def test_publish_is_abandoned_before_the_lease_expires(store: OutboxStore,
 
 
 async def test_outage_stops_claims_spends_no_attempt_and_resumes(
-    pg_dsn: str, names: OutboxNames, db: Db, caplog: pytest.LogCaptureFixture
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     ids = db.insert((f"agg-{i}", "E", {"i": i}) for i in range(50))
     broker_down = True
     publisher = InMemoryPublisher(script=lambda m: BrokerUnavailable("queue q does not exist") if broker_down else None)
     stop = asyncio.Event()
-    settings = settings_for(pg_dsn, names, workers=3, batch_size=10, max_attempts=2)
+    settings = settings_for(relay_dsn, names, workers=3, batch_size=10, max_attempts=2)
     task = asyncio.create_task(run_relay(settings, publisher, stop))
     await asyncio.sleep(3.0)  # an outage far longer than max_attempts=2 could survive unguarded
     seen_during_outage = len(publisher.attempts)
@@ -103,7 +103,9 @@ async def test_breaker_probe_with_no_rows_keeps_it_open() -> None:
     assert await breaker.permit(stop) is None
 
 
-async def test_finalize_survives_killed_database_connections(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+async def test_finalize_survives_killed_database_connections(
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db
+) -> None:
     ids = db.insert((f"agg-{i}", "E", {}) for i in range(20))
 
     killed = {"done": False}
@@ -116,7 +118,7 @@ async def test_finalize_survives_killed_database_connections(pg_dsn: str, names:
 
     publisher = InMemoryPublisher(script=script)
     stop = asyncio.Event()
-    task = asyncio.create_task(run_relay(settings_for(pg_dsn, names, workers=2, batch_size=5), publisher, stop))
+    task = asyncio.create_task(run_relay(settings_for(relay_dsn, names, workers=2, batch_size=5), publisher, stop))
     assert await wait_until_async(lambda: db.statuses() == {"done": 20}, timeout=20)
     stop.set()
     await task
@@ -126,7 +128,9 @@ async def test_finalize_survives_killed_database_connections(pg_dsn: str, names:
     assert duplicates <= 5  # at most the batch in flight when the connections died
 
 
-async def test_sessions_killed_while_the_relay_starts_only_delay_it(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+async def test_sessions_killed_while_the_relay_starts_only_delay_it(
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db
+) -> None:
     """PostgreSQL drops the relay's sessions again and again while it checks the schema and
     stores its settings (a failover, an operator's pg_terminate_backend): start-up waits
     and tries again instead of dying with a traceback."""
@@ -143,7 +147,9 @@ async def test_sessions_killed_while_the_relay_starts_only_delay_it(pg_dsn: str,
     stop = asyncio.Event()
     # A short lease: a claim whose COMMIT reached the database but whose answer was lost
     # with the session holds its rows until the lease runs out.
-    settings = settings_for(pg_dsn, names, workers=2, lease=timedelta(seconds=2), publish_timeout=timedelta(seconds=1))
+    settings = settings_for(
+        relay_dsn, names, workers=2, lease=timedelta(seconds=2), publish_timeout=timedelta(seconds=1)
+    )
     task = asyncio.create_task(run_relay(settings, publisher, stop))
     await asyncio.sleep(1.5)
     killing.set()

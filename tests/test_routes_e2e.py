@@ -26,7 +26,9 @@ from tests.relay_process import (
 from tests.sqs_server import create_queue, queue_url, receive_all, unique_queue_name
 
 
-def family(pg_dsn: str, db: Db, event_type: str, prefix: str, seed: int, transactions: int) -> list[CommitLog]:
+def family(
+    pg_dsn: str, producer_dsn: str, db: Db, event_type: str, prefix: str, seed: int, transactions: int
+) -> list[CommitLog]:
     """Producers of one event family, both ways (locked aggregates first, the design
     reference's pattern, and unlocked ones), run to the end: their commit logs, the oracles."""
     locked, unlocked, producing = producers_both_ways(
@@ -39,6 +41,7 @@ def family(pg_dsn: str, db: Db, event_type: str, prefix: str, seed: int, transac
         seeds=(seed, seed + 1),
         locked_options={"event_type": event_type},
         unlocked_options={"event_type": event_type, "unordered_type": None},
+        producer_dsn=producer_dsn,
     )
     producing.join()
     return [locked, unlocked]
@@ -50,7 +53,14 @@ def assert_commit_order(logs: list[CommitLog], arrivals: list[Arrival]) -> None:
 
 
 def test_routes_send_each_event_type_to_its_queue_and_a_late_queue_pauses_only_itself(
-    pg_dsn: str, db: Db, moto_endpoint: str, sqs_client: Any, tmp_path: Path, relays: list[RelayProcess]
+    pg_dsn: str,
+    producer_dsn: str,
+    relay_dsn: str,
+    db: Db,
+    moto_endpoint: str,
+    sqs_client: Any,
+    tmp_path: Path,
+    relays: list[RelayProcess],
 ) -> None:
     orders = create_queue(sqs_client, unique_queue_name(fifo=True))
     invoices = create_queue(sqs_client, unique_queue_name(fifo=True))
@@ -71,15 +81,15 @@ def test_routes_send_each_event_type_to_its_queue_and_a_late_queue_pauses_only_i
     )
     env = relay_env(RELAY_ENDPOINT_URL=moto_endpoint, RELAY_REGION="us-east-1")
     relay = RelayProcess(
-        "start", "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "sqs",
+        "start", "--config", str(config), "--dsn", relay_dsn, "--schema", db.names.schema, "--broker", "sqs",
         "--workers", "2", "--poll-interval", "100ms", env=env,
     )  # fmt: skip
     relays.append(relay)
     started = time.monotonic()
     # Producers, locking and not, write Order* events (the first queue) and Invoice* events
     # (the second).
-    order_logs = family(pg_dsn, db, "OrderUpdated", "acct", seed=3, transactions=15)
-    invoice_logs = family(pg_dsn, db, "InvoiceIssued", "inv", seed=5, transactions=10)
+    order_logs = family(pg_dsn, producer_dsn, db, "OrderUpdated", "acct", seed=3, transactions=15)
+    invoice_logs = family(pg_dsn, producer_dsn, db, "InvoiceIssued", "inv", seed=5, transactions=10)
     produced = set().union(*(log.ids() for log in (*order_logs, *invoice_logs)))
     assert wait_until(lambda: all(r["status"] == "done" for r in db.rows() if r["id"] in produced), timeout=30), (
         db.statuses(),
@@ -144,15 +154,15 @@ def test_bad_routes_on_the_command_line_exit_2_with_one_line(pg_dsn: str, args: 
     ],
 )
 def test_bad_routes_in_the_config_file_exit_2_with_one_line(
-    pg_dsn: str, tmp_path: Path, toml: str, needle: str
+    pg_dsn: str, relay_dsn: str, tmp_path: Path, toml: str, needle: str
 ) -> None:
     config = tmp_path / "relay.toml"
     config.write_text(toml)
-    proc = run_relay("start", "--config", str(config), "--dsn", pg_dsn, "--broker", "sqs", env=relay_env())
+    proc = run_relay("start", "--config", str(config), "--dsn", relay_dsn, "--broker", "sqs", env=relay_env())
     assert_one_line_error(proc, needle)
 
 
-def test_status_by_event_type_shows_each_types_destination(pg_dsn: str, db: Db, tmp_path: Path) -> None:
+def test_status_by_event_type_shows_each_types_destination(pg_dsn: str, relay_dsn: str, db: Db, tmp_path: Path) -> None:
     orders, topic = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo", "arn:aws:sns:eu-west-1:1:invoices"
     config = tmp_path / "relay.toml"
     config.write_text(
@@ -160,7 +170,7 @@ def test_status_by_event_type_shows_each_types_destination(pg_dsn: str, db: Db, 
         f'[[routes]]\nmatch = ["Invoice*"]\ntopic_arn = "{topic}"\n'
     )
     db.insert([("a", "OrderPlaced", {}), ("b", "InvoiceIssued", {}), ("c", "EmailSent", {})])
-    args = ("status", "--by-event-type", "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema)
+    args = ("status", "--by-event-type", "--config", str(config), "--dsn", relay_dsn, "--schema", db.names.schema)
     proc = run_relay(*args)
     assert proc.returncode == 0, proc.stderr
     lines = {
@@ -177,7 +187,7 @@ def test_status_by_event_type_shows_each_types_destination(pg_dsn: str, db: Db, 
 
 
 async def test_rabbitmq_routes_each_event_family_to_its_exchange_with_its_routing_key(
-    pg_dsn: str, db: Db, rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path
+    pg_dsn: str, producer_dsn: str, relay_dsn: str, db: Db, rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path
 ) -> None:
     customers, orders = await rabbit.exchange("topic"), await rabbit.exchange("topic")
     customer_q = await rabbit.queue(bind=(customers, "order.#"))
@@ -188,11 +198,11 @@ async def test_rabbitmq_routes_each_event_family_to_its_exchange_with_its_routin
         'routing_key = "{aggregate_type}.{event_type}"\n'
     )
     process = RelayProcess(
-        "start", "--config", str(config), *relay_args(pg_dsn, db.names, rabbit.amqp.url), "--exchange", orders,
+        "start", "--config", str(config), *relay_args(relay_dsn, db.names, rabbit.amqp.url), "--exchange", orders,
         "--routing-key", "{event_type}",
     )  # fmt: skip
     relays.append(process)
-    logs = await asyncio.to_thread(family, pg_dsn, db, "CustomerRenamed", "c", 9, 10)
+    logs = await asyncio.to_thread(family, pg_dsn, producer_dsn, db, "CustomerRenamed", "c", 9, 10)
     customer_ids = set().union(*(log.ids() for log in logs))
     order_ids = db.insert([(f"o-{i}", "OrderPlaced", {}) for i in range(5)])
     total = len(db.rows())
@@ -211,6 +221,8 @@ async def test_rabbitmq_routes_each_event_family_to_its_exchange_with_its_routin
 
 def test_one_relay_routes_to_two_queues_and_an_sns_topic(
     pg_dsn: str,
+    producer_dsn: str,
+    relay_dsn: str,
     db: Db,
     moto_endpoint: str,
     sqs_client: Any,
@@ -228,14 +240,17 @@ def test_one_relay_routes_to_two_queues_and_an_sns_topic(
         f'[sqs]\nqueue_url = "{rest}"\nendpoint_url = "{moto_endpoint}"\nregion = "us-east-1"\n'
     )
     relay = RelayProcess(
-        "start", "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "sqs",
+        "start", "--config", str(config), "--dsn", relay_dsn, "--schema", db.names.schema, "--broker", "sqs",
         "--poll-interval", "100ms", env=relay_env(),
     )  # fmt: skip
     relays.append(relay)
     # Each family's producers, locking and not, on the same aggregates: one ordered sequence
     # per aggregate across the three destinations.
     kinds = ("OrderUpdated", "InvoiceIssued", "EmailQueued")
-    logs = {kind: family(pg_dsn, db, kind, "acct", seed=10 * n, transactions=8) for n, kind in enumerate(kinds)}
+    logs = {
+        kind: family(pg_dsn, producer_dsn, db, kind, "acct", seed=10 * n, transactions=8)
+        for n, kind in enumerate(kinds)
+    }
     total = len(db.rows())
     assert wait_until(lambda: db.statuses() == {"done": total}, timeout=30), (db.statuses(), relay.stderr()[-2000:])
     relay.stop()

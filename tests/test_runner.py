@@ -18,11 +18,11 @@ from tests.helpers import settings_for
 from tests.relay_process import wait_until_async
 
 
-async def test_workers_share_the_work(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+async def test_workers_share_the_work(pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db) -> None:
     ids = db.insert((f"agg-{i % 40}", "E", {"i": i}) for i in range(400))
     publisher = InMemoryPublisher(delay=0.005)
     stop = asyncio.Event()
-    settings = settings_for(pg_dsn, names, workers=4, batch_size=20, ordering_default="unordered")
+    settings = settings_for(relay_dsn, names, workers=4, batch_size=20, ordering_default="unordered")
     task = asyncio.create_task(run_relay(settings, publisher, stop))
     assert await wait_until_async(lambda: db.statuses() == {"done": 400})
     stop.set()
@@ -34,12 +34,12 @@ async def test_workers_share_the_work(pg_dsn: str, names: OutboxNames, db: Db) -
 
 
 async def test_shutdown_hands_unpublished_rows_back_without_spending_an_attempt(
-    pg_dsn: str, names: OutboxNames, db: Db
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db
 ) -> None:
     db.insert((f"agg-{i}", "E", {}) for i in range(5))
     publisher = InMemoryPublisher(script=lambda m: STALL)  # a broker that never answers
     stop = asyncio.Event()
-    settings = settings_for(pg_dsn, names, workers=2, shutdown_grace=timedelta(milliseconds=300))
+    settings = settings_for(relay_dsn, names, workers=2, shutdown_grace=timedelta(milliseconds=300))
     task = asyncio.create_task(run_relay(settings, publisher, stop))
     assert await wait_until_async(lambda: db.statuses() == {"processing": 5})
     started = time.monotonic()
@@ -74,7 +74,9 @@ async def _get(url: str) -> tuple[int, str]:
     return await asyncio.to_thread(fetch)
 
 
-async def test_start_serves_metrics_and_health_and_prunes_on_schedule(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+async def test_start_serves_metrics_and_health_and_prunes_on_schedule(
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db
+) -> None:
     from relay.runner import Operations
 
     db.insert((f"agg-{i}", "OrderPlaced", {}) for i in range(30))
@@ -87,7 +89,7 @@ async def test_start_serves_metrics_and_health_and_prunes_on_schedule(pg_dsn: st
         prune_older_than=timedelta(0),
         prune_interval=timedelta(milliseconds=300),
     )
-    task = asyncio.create_task(run_relay(settings_for(pg_dsn, names, workers=2), publisher, stop, operate=operate))
+    task = asyncio.create_task(run_relay(settings_for(relay_dsn, names, workers=2), publisher, stop, operate=operate))
     try:
         assert await wait_until_async(lambda: len(publisher.delivered) == 30)
         # The counter moves when the finalize is written, a moment after the broker's ack.

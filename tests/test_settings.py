@@ -104,11 +104,11 @@ def test_start_ordering_flags_that_differ_warn_and_change_nothing(pg_dsn: str, d
     assert [r["ordered"] for r in db.rows()] == [True, True]
 
 
-def test_start_names_where_a_differing_setting_came_from(pg_dsn: str, db: Db, tmp_path: Path) -> None:
+def test_start_names_where_a_differing_setting_came_from(pg_dsn: str, relay_dsn: str, db: Db, tmp_path: Path) -> None:
     config = tmp_path / "relay.toml"
     config.write_text('[ordering]\nunordered = ["Email*"]\n')
     db.insert([("a", "E", {})])
-    env = relay_env(RELAY_DSN=pg_dsn, RELAY_ORDERING_DEFAULT="unordered", RELAY_NOTIFY="true")
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_ORDERING_DEFAULT="unordered", RELAY_NOTIFY="true")
     err = run_start_until_done(db, pg_dsn, "--config", str(config), rows=1, env=env)
     lines = warnings_in(err)
     assert len(lines) == 2, lines  # RELAY_NOTIFY=true agrees with the stored notify
@@ -131,7 +131,7 @@ def test_start_whose_flags_agree_with_the_stored_settings_warns_about_nothing(pg
 
 
 async def test_a_relay_does_not_listen_while_the_stored_notify_is_off(
-    pg_dsn: str, names: OutboxNames, db: Db, caplog: pytest.LogCaptureFixture
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await update_settings(conn, names, SettingsUpdate(notify=False))
@@ -150,7 +150,7 @@ async def test_a_relay_does_not_listen_while_the_stored_notify_is_off(
     publisher, stop = InMemoryPublisher(), asyncio.Event()
     # Told to notify, but nobody sends wake-ups: it polls, and warns.
     given = (Given("notify", True, "--notify"),)
-    settings = settings_for(pg_dsn, names, workers=1, poll_interval=timedelta(milliseconds=100))
+    settings = settings_for(relay_dsn, names, workers=1, poll_interval=timedelta(milliseconds=100))
     task = asyncio.create_task(runner.run_relay(settings, publisher, stop, given=given))
     try:
         assert await wait_until_async(lambda: len(publisher.delivered) == 2, timeout=10)
@@ -275,12 +275,12 @@ def test_settings_set_refuses_bad_requests_with_one_line(pg_dsn: str, db: Db) ->
     assert stored(db) == DEFAULTS
 
 
-def test_migrate_stores_notify_when_asked_and_prints_old_and_new(pg_dsn: str, db: Db) -> None:
-    proc = run_relay("migrate", "--dsn", pg_dsn, "--schema", db.names.schema, "--no-notify")
+def test_migrate_stores_notify_when_asked_and_prints_old_and_new(pg_dsn: str, relay_dsn: str, db: Db) -> None:
+    proc = run_relay("migrate", "--dsn", relay_dsn, "--schema", db.names.schema, "--no-notify")
     assert proc.returncode == 0, proc.stderr
     assert "notify  true -> false" in proc.stdout
     assert stored_notify(db) is False
-    proc = run_relay("migrate", "--dsn", pg_dsn, "--schema", db.names.schema, "--ordering-default", "unordered")
+    proc = run_relay("migrate", "--dsn", relay_dsn, "--schema", db.names.schema, "--ordering-default", "unordered")
     assert "ordering default  ordered -> unordered" in proc.stdout
     assert stored(db) == (False, [], [], [], [], False)  # notify left as it was
 

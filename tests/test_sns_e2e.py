@@ -30,6 +30,8 @@ from tests.sqs_server import receive_all
 
 def test_relay_with_three_workers_drains_ordered_aggregates_into_a_fifo_topic_in_commit_order(
     pg_dsn: str,
+    relay_dsn: str,
+    producer_dsn: str,
     db: Db,
     make_topic: Any,
     moto_endpoint: str,
@@ -41,7 +43,7 @@ def test_relay_with_three_workers_drains_ordered_aggregates_into_a_fifo_topic_in
     assert len(rows) == 300 and sum(r["ordered"] for r in rows) == 210
 
     relay = RelayProcess(
-        "start", "--dsn", pg_dsn, "--schema", db.names.schema,
+        "start", "--dsn", relay_dsn, "--schema", db.names.schema,
         "--broker", "sns", "--topic-arn", topic.arn, "--endpoint-url", moto_endpoint,
         "--workers", "3", "--poll-interval", "100ms", *ORDERING_FLAGS,
     )  # fmt: skip
@@ -55,6 +57,7 @@ def test_relay_with_three_workers_drains_ordered_aggregates_into_a_fifo_topic_in
         locked_tx=15,
         unlocked_rounds=15,
         seeds=(12, 13),
+        producer_dsn=producer_dsn,
     )
     try:
         producing.join()
@@ -87,6 +90,7 @@ def test_relay_with_three_workers_drains_ordered_aggregates_into_a_fifo_topic_in
 
 def test_a_topic_created_after_the_relay_started_is_used_within_seconds(
     pg_dsn: str,
+    relay_dsn: str,
     db: Db,
     moto_endpoint: str,
     sns_client: Any,
@@ -103,7 +107,7 @@ def test_a_topic_created_after_the_relay_started_is_used_within_seconds(
     config.write_text(f'[sns]\ntopic_arn = "{arn}"\nregion = "us-east-1"\n')
     env = relay_env(RELAY_ENDPOINT_URL=moto_endpoint)
     relay = RelayProcess(
-        "start", "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema,
+        "start", "--config", str(config), "--dsn", relay_dsn, "--schema", db.names.schema,
         "--broker", "sns", "--workers", "2", "--poll-interval", "100ms", "--ordering-default", "unordered",
         env=env,
     )  # fmt: skip
@@ -135,7 +139,9 @@ def test_start_without_a_topic_arn_exits_2_with_one_line(pg_dsn: str) -> None:
     assert_one_line_error(run_relay("start", "--dsn", pg_dsn, "--broker", "sns"), "no SNS topic: pass --topic-arn")
 
 
-def test_start_with_a_region_in_both_aws_tables_exits_2_with_one_line(pg_dsn: str, tmp_path: Path) -> None:
+def test_start_with_a_region_in_both_aws_tables_exits_2_with_one_line(
+    pg_dsn: str, relay_dsn: str, tmp_path: Path
+) -> None:
     config = tmp_path / "relay.toml"
     config.write_text('[sqs]\nregion = "eu-west-1"\n[sns]\nregion = "us-east-1"\n')
     done = run_relay("start", "--config", str(config), "--dsn", pg_dsn, "--broker", "sns")

@@ -54,6 +54,8 @@ async def deliver_without_finalizing(url: str, endpoint: str, rows: list[dict[st
 
 def test_relay_with_three_workers_drains_1000_events_over_50_aggregates_into_a_fifo_queue(
     pg_dsn: str,
+    relay_dsn: str,
+    producer_dsn: str,
     db: Db,
     make_queue: Any,
     moto_endpoint: str,
@@ -74,7 +76,7 @@ def test_relay_with_three_workers_drains_1000_events_over_50_aggregates_into_a_f
     asyncio.run(deliver_without_finalizing(url, moto_endpoint, already))
 
     relay = RelayProcess(
-        "start", "--dsn", pg_dsn, "--schema", db.names.schema,
+        "start", "--dsn", relay_dsn, "--schema", db.names.schema,
         "--broker", "sqs", "--queue-url", url, "--endpoint-url", moto_endpoint, "--region", "us-east-1",
         "--workers", "3", "--poll-interval", "100ms", *ORDERING_FLAGS,
     )  # fmt: skip
@@ -88,6 +90,7 @@ def test_relay_with_three_workers_drains_1000_events_over_50_aggregates_into_a_f
         locked_tx=20,
         unlocked_rounds=20,
         seeds=(8, 9),
+        producer_dsn=producer_dsn,
     )
     try:
         producing.join()
@@ -118,6 +121,7 @@ def test_relay_with_three_workers_drains_1000_events_over_50_aggregates_into_a_f
 
 def test_a_queue_created_after_the_relay_started_is_used_within_seconds(
     pg_dsn: str,
+    relay_dsn: str,
     db: Db,
     moto_endpoint: str,
     sqs_client: Any,
@@ -134,7 +138,7 @@ def test_a_queue_created_after_the_relay_started_is_used_within_seconds(
     config.write_text(f'[sqs]\nqueue_url = "{url}"\n')
     env = relay_env(RELAY_ENDPOINT_URL=moto_endpoint, RELAY_REGION="us-east-1")
     relay = RelayProcess(
-        "start", "--config", str(config), "--dsn", pg_dsn, "--schema", db.names.schema,
+        "start", "--config", str(config), "--dsn", relay_dsn, "--schema", db.names.schema,
         "--broker", "sqs", "--workers", "2", "--poll-interval", "100ms", "--ordering-default", "unordered",
         env=env,
     )  # fmt: skip

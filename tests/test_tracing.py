@@ -233,7 +233,7 @@ async def test_sqs_span_attributes_and_a_message_already_at_ten_attributes_goes_
 
 
 async def test_a_publish_that_times_out_or_is_cancelled_at_shutdown_ends_its_spans_as_errors(
-    pg_dsn: str, names: OutboxNames, db: Db, spans: tuple[TracerProvider, InMemorySpanExporter]
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
     from adapters.memory import STALL, InMemoryPublisher
     from tests.helpers import settings_for
@@ -243,7 +243,7 @@ async def test_a_publish_that_times_out_or_is_cancelled_at_shutdown_ends_its_spa
     publisher = InMemoryPublisher(script=lambda m: STALL)  # a broker that never answers
     # Retries at once (a 1 ms backoff): the row is claimed again while the test watches.
     settings = settings_for(
-        pg_dsn,
+        relay_dsn,
         names,
         workers=1,
         publish_timeout=timedelta(milliseconds=500),
@@ -382,9 +382,9 @@ WITHOUT_OTEL = (
 
 @pytest.mark.parametrize("source", ["flag", "variable", "config"])
 def test_otel_without_the_extra_is_one_line_naming_the_install(
-    pg_dsn: str, names: OutboxNames, tmp_path: Path, source: str
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, tmp_path: Path, source: str
 ) -> None:
-    args = ["start", "--dsn", pg_dsn, "--schema", names.schema, "--broker", "log"]
+    args = ["start", "--dsn", relay_dsn, "--schema", names.schema, "--broker", "log"]
     env = relay_env()
     if source == "flag":
         args.append("--otel")
@@ -400,9 +400,9 @@ def test_otel_without_the_extra_is_one_line_naming_the_install(
     assert_one_line_error(proc, "--otel needs the OpenTelemetry packages", "pip install 'outbox-relay[otel]'")
 
 
-def test_an_unknown_exporter_is_one_line(pg_dsn: str, names: OutboxNames) -> None:
+def test_an_unknown_exporter_is_one_line(pg_dsn: str, relay_dsn: str, names: OutboxNames) -> None:
     proc = subprocess.run(
-        [RELAY, "start", "--dsn", pg_dsn, "--schema", names.schema, "--broker", "log", "--otel"],
+        [RELAY, "start", "--dsn", relay_dsn, "--schema", names.schema, "--broker", "log", "--otel"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -28,7 +28,7 @@ def old_names(outbox_at: Callable[[int], OutboxNames]) -> OutboxNames:
 
 
 async def test_heads_move_on_in_order_across_the_upgrade(
-    pg_dsn: str, old_names: OutboxNames, pool: AsyncConnectionPool[Any]
+    pg_dsn: str, old_names: OutboxNames, owner_pool: AsyncConnectionPool[Any]
 ) -> None:
     names = old_names
     table = sql.Identifier(names.schema, names.table)
@@ -42,10 +42,10 @@ async def test_heads_move_on_in_order_across_the_upgrade(
                 ).format(table)
             ).fetchall()
         ]
-    store = OutboxStore(pool, names)
+    store = OutboxStore(owner_pool, names)
     # Numbered, and the first row offered as head, before the upgrade (the ingest's
     # statements read nothing 0009 or later changed; today's claim reads 0010's column).
-    async with pool.connection() as conn, conn.transaction():
+    async with owner_pool.connection() as conn, conn.transaction():
         numbered, _ = await store._ingest(conn)
     assert numbered == 3
 

@@ -28,14 +28,14 @@ def old_names(outbox_at: Callable[[int], OutboxNames]) -> OutboxNames:
 
 
 async def test_rows_before_and_after_the_upgrade(
-    pg_dsn: str, old_names: OutboxNames, pool: AsyncConnectionPool[Any]
+    pg_dsn: str, old_names: OutboxNames, owner_pool: AsyncConnectionPool[Any]
 ) -> None:
     table = sql.Identifier(old_names.schema, old_names.table)
     insert = sql.SQL("INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) VALUES ('o', %s, 'E', '{{}}')")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(insert.format(table), ("before",))
         result = await migrate_now(pg_dsn, old_names)
-        assert result == ["0010_headers"]
+        assert result[:1] == ["0010_headers"]  # and whatever came after it
         conn.execute(
             sql.SQL(
                 "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, headers)"
@@ -43,7 +43,7 @@ async def test_rows_before_and_after_the_upgrade(
             ).format(table),
             (json.dumps({"tenant": "t-1"}),),
         )
-    store = OutboxStore(pool, old_names)
+    store = OutboxStore(owner_pool, old_names)
     got = {}
     for _ in range(5):  # as the relay's loop claims: the ingest numbers, the claim leases
         claim = await store.claim(owner="w", batch=10, lease=LEASE, max_attempts=3)

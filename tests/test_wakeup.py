@@ -114,10 +114,12 @@ def relay_process(pg_dsn: str, names: OutboxNames, *args: str) -> Iterator[Relay
 # ---- an idle relay is woken; a working one draws no NOTIFY
 
 
-async def test_an_idle_relay_is_woken_well_inside_a_long_poll_interval(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+async def test_an_idle_relay_is_woken_well_inside_a_long_poll_interval(
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db
+) -> None:
     publisher = InMemoryPublisher()
     stop = asyncio.Event()
-    settings = settings_for(pg_dsn, names, workers=2, poll_interval=timedelta(seconds=30))
+    settings = settings_for(relay_dsn, names, workers=2, poll_interval=timedelta(seconds=30))
     task = asyncio.create_task(run_relay(settings, publisher, stop))
     try:
         await until(lambda: live_states(db) == [True], what="the relay's idle row")
@@ -203,12 +205,14 @@ async def test_a_killed_idle_relay_stops_drawing_notifies_once_its_row_expires(
             assert await heard(channel, 1) == 0
 
 
-async def test_a_relay_that_does_not_listen_never_says_it_is_idle(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+async def test_a_relay_that_does_not_listen_never_says_it_is_idle(
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db
+) -> None:
     """`relay start --no-notify` (behind a transaction-mode pooler) polls: it hears no
     wake-up, so producers must not send it one."""
     publisher = InMemoryPublisher()
     stop = asyncio.Event()
-    settings = settings_for(pg_dsn, names, workers=2, poll_interval=timedelta(milliseconds=100), notify=False)
+    settings = settings_for(relay_dsn, names, workers=2, poll_interval=timedelta(milliseconds=100), notify=False)
     task = asyncio.create_task(run_relay(settings, publisher, stop))
     try:
         async with listening(pg_dsn, names) as channel:
@@ -228,7 +232,7 @@ async def test_a_relay_that_does_not_listen_never_says_it_is_idle(pg_dsn: str, n
 
 
 async def test_a_row_committed_while_the_relay_marks_itself_idle_is_not_left_for_the_poll(
-    pg_dsn: str, names: OutboxNames, db: Db
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db
 ) -> None:
     """A row that commits after the workers' last empty claim but before their process's
     idle row does sends no wake-up (its producer saw no idle relay). The relay must look for
@@ -239,7 +243,7 @@ async def test_a_row_committed_while_the_relay_marks_itself_idle_is_not_left_for
     listeners_table = sql.Identifier(names.schema, f"{names.table}_listeners")
     publisher = InMemoryPublisher()
     stop = asyncio.Event()
-    settings = settings_for(pg_dsn, names, workers=2, poll_interval=timedelta(seconds=30))
+    settings = settings_for(relay_dsn, names, workers=2, poll_interval=timedelta(seconds=30))
     with psycopg.connect(pg_dsn, autocommit=True) as holder:
         with holder.transaction():
             # Readers (the producers' trigger) pass; the relay's INSERT ... ON CONFLICT waits.

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import click
 
 from relay.cli.dead import dead_group
+from relay.cli.grants import grants_cmd
 from relay.cli.migrate import migrate_cmd
 from relay.cli.ops import explain_cmd, prune_cmd, release_cmd, status_cmd
 from relay.cli.replay import replay_cmd
@@ -39,6 +40,7 @@ def cli() -> None:
 
 for command in (
     migrate_cmd,
+    grants_cmd,
     start_cmd,
     replay_cmd,
     status_cmd,

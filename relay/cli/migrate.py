@@ -9,9 +9,17 @@ from typing import Any
 import click
 import psycopg
 
-from relay import logs
+from relay import grants, logs
 from relay.cli.common import settings_for, with_options
-from relay.config import CORE_OPTIONS, LOG_OPTIONS, ORDERING_OPTIONS, names_from, ordering_from, require_dsn
+from relay.config import (
+    CORE_OPTIONS,
+    GRANT_OPTIONS,
+    LOG_OPTIONS,
+    ORDERING_OPTIONS,
+    names_from,
+    ordering_from,
+    require_dsn,
+)
 from relay.db import connect
 from relay.errors import ConfigError
 from relay.migrate import migrate as apply_migrations
@@ -20,7 +28,12 @@ from relay.shared_settings import SHARED_OPTIONS, SettingsUpdate, render_change,
 
 # For migrate, the shared settings' options default to "not given": only a map (or a
 # notify) someone asked for replaces the stored one.
-MIGRATE_OPTIONS = (*CORE_OPTIONS, *(replace(o, default=None) for o in SHARED_OPTIONS), *LOG_OPTIONS)
+MIGRATE_OPTIONS = (
+    *CORE_OPTIONS,
+    *(replace(o, default=None) for o in SHARED_OPTIONS),
+    *GRANT_OPTIONS,
+    *LOG_OPTIONS,
+)
 
 
 @click.command("migrate")
@@ -32,6 +45,8 @@ def migrate_cmd(**cli_values: Any) -> None:
     store that ordering map, so rows are routed by it from then on; with --notify/--no-notify,
     store whether producers' inserts wake the relays. Both are shared by every relay of the
     outbox (`relay settings show`); without these options the stored settings stay as they are.
+    With --grant-producer ROLE / --grant-relay ROLE (repeatable), grant those existing roles
+    what producers and relays need, and nothing more (`relay grants` prints the SQL instead).
     """
     values = settings_for(MIGRATE_OPTIONS, cli_values)
     logs.configure(values["log_level"], values["log_format"])
@@ -43,10 +58,20 @@ def migrate_cmd(**cli_values: Any) -> None:
     else:
         update = SettingsUpdate(notify=values["notify"]) if values["notify"] is not None else None
 
+    chosen = grants.grantees(values["grant_producer"] or (), values["grant_relay"] or ())
+
     async def run() -> None:
         conn = await connect(dsn)
         async with conn:
+            # A misspelt role is refused before anything is migrated.
+            await grants.database_for(conn, chosen)
             result = await apply_migrations(conn, names)
+            if chosen:
+                try:
+                    await grants.grant(conn, names, chosen)
+                except psycopg.Error as exc:
+                    why = pg_message(exc)
+                    raise ConfigError(f"cannot grant the roles' privileges on {names.qualified}: {why}") from None
             try:
                 change = await update_settings(conn, names, update) if update is not None else None
             except psycopg.Error as exc:
@@ -60,5 +85,7 @@ def migrate_cmd(**cli_values: Any) -> None:
             click.echo(f"{names.qualified}: ordering map stored: {ordering.describe()}")
         if change is not None:
             click.echo(render_change(change, names))
+        for grantee in chosen:
+            click.echo(f"{names.qualified}: granted {grantee.kind} privileges to role {grantee.role!r}")
 
     asyncio.run(run())

@@ -26,7 +26,15 @@ from adapters.registry import max_envelope_fields
 from relay import logs
 from relay.backoff import Backoff
 from relay.cli.common import BROKER_OPTIONS, check_text, publisher_for, run, settings_for, with_options
-from relay.config import CORE_OPTIONS, LOG_OPTIONS, OTEL_OPTION, START_OPTIONS, names_from, require_dsn
+from relay.config import (
+    CORE_OPTIONS,
+    LOG_OPTIONS,
+    OTEL_OPTION,
+    START_OPTIONS,
+    names_from,
+    require_dsn,
+    session_limits,
+)
 from relay.contract import BROKERS, PublishLimits
 from relay.db import check_schema, configure_session, connect
 from relay.dsn import mask
@@ -62,6 +70,9 @@ _SHARED = {
     "max_attempts": "Tries a message gets after retryable failures before it is reported as not replayed.",
     "backoff_base": None,
     "backoff_cap": None,
+    "statement_timeout": "PostgreSQL cancels a statement of the replay's session that runs longer (0s: off);"
+    " the plan, taken once at the start, has no limit of its own.",
+    "idle_in_transaction_timeout": None,
 }
 REPLAY_OPTIONS = (
     *CORE_OPTIONS,
@@ -178,7 +189,7 @@ def replay_cmd(
     async def replay() -> int:
         conn = await connect(dsn, application_name="outbox-relay replay")
         async with conn:
-            await configure_session(conn)
+            await configure_session(conn, session_limits(values))
             await check_schema(conn, names)
             plan = ReplayPlan(conn, names)
             summary = await plan.take(selection)

@@ -1,0 +1,13 @@
+-- 0011: the commit stamp is drawn with the owner's privileges.
+--
+-- The deferred trigger <table>_stamp writes one <table>_commits row per producer
+-- transaction that wrote ordered rows, with a stamp from <table>_commit_stamp. Run with
+-- the producer's privileges, it needed INSERT on the table and USAGE on the sequence, and
+-- a producer holding those could forge stamps (reorder the ordered events of aggregates it
+-- writes, or make ordered COMMITs fail on a duplicate stamp). As SECURITY DEFINER it runs
+-- as the role that migrated, and the producers need neither grant (sql/grants.sql). The
+-- search_path is pinned so that nothing a producer's session puts on its path (pg_temp
+-- included, which PostgreSQL would otherwise search first for relations) reaches code
+-- that runs as the owner; every object the function names is qualified anyway. A trigger
+-- function cannot be called directly, so nobody can run it outside the trigger.
+ALTER FUNCTION {q_stamp}() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
