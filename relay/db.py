@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from relay.dbtext import set_up_text
@@ -14,8 +16,43 @@ from relay.errors import ConfigError, DatabaseUnavailable
 from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
 
-CONNECT_TIMEOUT_S = 5
 APPLICATION_NAME = "outbox-relay"
+
+# What every relay connection uses unless its DSN sets the parameter itself (libpq's names).
+# A failover or a host that vanishes leaves a connection half-open: nothing closes it, and
+# a worker waiting on it would wait forever. These bound that wait:
+# * connect_timeout: per host of a multi-host DSN, so a dead first host costs 5 s before
+#   the next is tried, not the kernel's two minutes of SYN retries.
+# * tcp_user_timeout: a query sent to a host that stopped acknowledging fails after 10 s
+#   (well inside the default lease of 60 s, so the retry lands on the new primary before the lease
+#   runs out); it counts only unacknowledged data, never a slow query.
+# * keepalives: a connection waiting for an answer (or the wake-up listener, idle by
+#   design) notices a host that stopped answering after 10 + 3 x 5 = 25 s.
+CONNECT_TIMEOUT_S = 5
+NETWORK_DEFAULTS: dict[str, str] = {
+    "connect_timeout": str(CONNECT_TIMEOUT_S),
+    "tcp_user_timeout": "10000",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+}
+# The environment variables libpq reads for those parameters: set, they win over our default.
+_ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT"}
+
+
+def network_defaults(dsn: str) -> dict[str, str]:
+    """The connection parameters of ``NETWORK_DEFAULTS`` that ``dsn`` (or libpq's environment)
+    does not set: keyword arguments for psycopg, which would otherwise override the DSN's own."""
+    try:
+        given = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        given = {}  # the connection attempt reports the malformed DSN in its own words
+    return {
+        key: value
+        for key, value in NETWORK_DEFAULTS.items()
+        if key not in given and not os.environ.get(_ENVIRONMENT.get(key, ""), "")
+    }
 
 
 async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
@@ -27,7 +64,7 @@ async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
     """
     where = describe_dsn(dsn)
     try:
-        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, **kwargs)
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, **{**network_defaults(dsn), **kwargs})
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {_reason(exc)}") from None
     except psycopg.ProgrammingError as exc:  # malformed options inside an otherwise parseable DSN
@@ -76,7 +113,7 @@ async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
         open=False,
         # The application name lets operators (and the fault tests) find the relay's
         # sessions in pg_stat_activity.
-        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S, "application_name": APPLICATION_NAME},
+        kwargs={"autocommit": True, "application_name": APPLICATION_NAME, **network_defaults(dsn)},
         # Connections found broken are replaced on return instead of handed out again.
         check=AsyncConnectionPool.check_connection,
         configure=configure_session,
