@@ -25,6 +25,7 @@ import json
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -74,7 +75,7 @@ class CommitLog:
     _rows: dict[str, list[tuple[tuple[int, int], int]]] = field(default_factory=dict)
     committed: int = 0
     aborted: int = 0
-    in_doubt: list[tuple[int, list[tuple[str, int]]]] = field(default_factory=list)
+    in_doubt: list[tuple[int, list[tuple[str, int]], str]] = field(default_factory=list)
 
     def record(self, position: int, rows: Iterable[tuple[str, int]]) -> None:
         with self._lock:
@@ -86,11 +87,12 @@ class CommitLog:
         with self._lock:
             self.aborted += 1
 
-    def doubt(self, position: int, rows: Iterable[tuple[str, int]]) -> None:
+    def doubt(self, position: int, rows: Iterable[tuple[str, int]], marker: str) -> None:
         """A COMMIT that failed with a lost connection: it may or may not have committed.
-        :func:`resolve_in_doubt` decides later, from the rows on the database."""
+        :func:`resolve_in_doubt` decides later, from the rows on the database: those of
+        its ids whose payload carries ``marker``, the transaction's own."""
         with self._lock:
-            self.in_doubt.append((position, list(rows)))
+            self.in_doubt.append((position, list(rows), marker))
 
     def expected(self) -> dict[str, list[int]]:
         """Per aggregate, its event ids in commit order (one transaction's events by id)."""
@@ -104,19 +106,24 @@ class CommitLog:
 def resolve_in_doubt(dsn: str, names: OutboxNames, *logs: CommitLog) -> tuple[int, int]:
     """Settle each log's in-doubt transactions: one committed iff its rows exist (with
     synchronous replication, what the new primary has is what committed). A committed one
-    joins the log at the position it was given before its COMMIT. Returns (committed, not)."""
+    joins the log at the position it was given before its COMMIT. Returns (committed, not).
+
+    Rows are recognised by their transaction's marker in the payload, not by id alone: ids
+    a lost transaction took are handed out again by the new primary (nextval is not
+    transactional, and its WAL need not have reached the standby), so a row with the same
+    id may be another transaction's."""
     counts = [0, 0]
     with psycopg.connect(dsn, autocommit=True) as conn:
         for log in logs:
-            for position, rows in log.in_doubt:
+            for position, rows, marker in log.in_doubt:
                 ids = [oid for _, oid in rows]
                 if not ids:
                     continue
                 found = conn.execute(
-                    sql.SQL("SELECT count(*) FROM {} WHERE id = ANY(%s)").format(
+                    sql.SQL("SELECT count(*) FROM {} WHERE id = ANY(%s) AND payload->>'txn' = %s").format(
                         sql.Identifier(names.schema, names.table)
                     ),
-                    (ids,),
+                    (ids, marker),
                 ).fetchone()
                 n = found[0] if found else 0
                 assert n in (0, len(ids)), f"a transaction half there: {n} of ids {ids}"
@@ -217,6 +224,10 @@ class LockedProducers:
         conn.execute(sql.SQL("INSERT INTO {} (note) VALUES (%s)").format(audit_t), (f"tx {t}",))
         time.sleep(rng.uniform(0, self.pause_s))
         rows: list[tuple[str, int]] = []
+        # In reconnect mode each transaction marks its rows, so an in-doubt one can be told
+        # from another that got the same ids after a failover (resolve_in_doubt).
+        marker = uuid.uuid4().hex
+        extra = {"txn": marker} if self.reconnect else {}
 
         def lock() -> None:
             if self.lock == "advisory":
@@ -231,7 +242,7 @@ class LockedProducers:
         def write_events() -> None:
             for a in chosen:
                 for e in range(rng.randint(1, self.max_events_per_aggregate)):
-                    payload = json.dumps({"tx": t, "event": e})
+                    payload = json.dumps({"tx": t, "event": e, **extra})
                     [(oid,)] = conn.execute(insert, (a, self.event_type, payload)).fetchall()
                     rows.append((a, oid))
                 if self.unordered_type:
@@ -255,7 +266,7 @@ class LockedProducers:
         except psycopg.OperationalError:
             if self.reconnect and conn.closed:
                 for a in chosen:
-                    self.log.doubt(versions[a], [r for r in rows if r[0] == a])
+                    self.log.doubt(versions[a], [r for r in rows if r[0] == a], marker)
             raise
         for a in chosen:
             self.log.record(versions[a], [r for r in rows if r[0] == a])
@@ -289,7 +300,17 @@ def produce_unlocked(
         for _ in range(rounds):
             try:
                 _unlocked_round(
-                    conns, rng, insert, aggregates, log, positions, event_type, unordered_type, pause_s, on_commit
+                    conns,
+                    rng,
+                    insert,
+                    aggregates,
+                    log,
+                    positions,
+                    event_type,
+                    unordered_type,
+                    pause_s,
+                    on_commit,
+                    reconnect,
                 )
             except psycopg.OperationalError:
                 # A failover: every transaction of the round still open is lost; the one
@@ -315,8 +336,11 @@ def _unlocked_round(
     unordered_type: str | None,
     pause_s: tuple[float, float],
     on_commit: Callable[[], None] | None,
+    mark: bool = False,
 ) -> None:
-    """One round of :func:`produce_unlocked`; ``positions`` numbers its COMMITs."""
+    """One round of :func:`produce_unlocked`; ``positions`` numbers its COMMITs. ``mark``:
+    each transaction's payloads carry its marker (see :func:`resolve_in_doubt`)."""
+    markers = [uuid.uuid4().hex for _ in conns]
     chosen = rng.sample(aggregates, k=min(len(aggregates), rng.randint(1, 5)))
     rows: list[list[tuple[str, int]]] = [[] for _ in conns]
     # Interleave the inserts so each transaction holds some lower and some higher ids.
@@ -324,7 +348,9 @@ def _unlocked_round(
         for i, conn in enumerate(conns):
             for a in chosen:
                 if rng.random() < 0.7:
-                    [(oid,)] = conn.execute(insert, (a, event_type, json.dumps({"by": i}))).fetchall()
+                    [(oid,)] = conn.execute(
+                        insert, (a, event_type, json.dumps({"by": i, **({"txn": markers[i]} if mark else {})}))
+                    ).fetchall()
                     rows[i].append((a, oid))
             if unordered_type:
                 conn.execute(insert, (rng.choice(chosen), unordered_type, "{}"))
@@ -342,7 +368,7 @@ def _unlocked_round(
         except psycopg.OperationalError:
             # Cut mid-COMMIT: its place in the order is known (this thread issues
             # every COMMIT), whether it happened is not, yet.
-            log.doubt(position, rows[i])
+            log.doubt(position, rows[i], markers[i])
             raise
         except psycopg.errors.SerializationFailure:
             # Run at SERIALIZABLE, PostgreSQL may abort a commit for a conflict it
