@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from typing import Any
 
 import psycopg
@@ -102,6 +104,29 @@ async def configure_session(conn: psycopg.AsyncConnection[Any]) -> None:
     await set_up_text(conn, "exact")
 
 
+# How long one pool connection attempt keeps trying, every FAILOVER_RETRY_EVERY_S, before it
+# fails and psycopg_pool's own backoff (1 s, then 2 s, 4 s ... apart) takes over. A failover
+# refuses connections for a moment (the old primary gone, the standby not yet promoted):
+# without this, the pool's first retry came a whole second later, and its second, three.
+FAILOVER_RETRY_S = 3.0
+FAILOVER_RETRY_EVERY_S = 0.1
+
+
+class _PoolConnection(psycopg.AsyncConnection[Any]):
+    """A pool connection whose connect retries briefly (``FAILOVER_RETRY_S``)."""
+
+    @classmethod
+    async def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+        give_up = time.monotonic() + FAILOVER_RETRY_S
+        while True:
+            try:
+                return await super().connect(conninfo, **kwargs)
+            except psycopg.OperationalError:
+                if time.monotonic() + FAILOVER_RETRY_EVERY_S >= give_up:
+                    raise
+                await asyncio.sleep(FAILOVER_RETRY_EVERY_S)
+
+
 async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
     """A pool of ``size`` autocommit connections, checked by one real connection first."""
     probe = await connect(dsn)
@@ -118,6 +143,7 @@ async def open_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
         check=AsyncConnectionPool.check_connection,
         configure=configure_session,
         name="relay",
+        connection_class=_PoolConnection,
     )
     # Not waiting for the pool to fill: the probe above already told a wrong DSN or an
     # unreachable server apart (one line, exit 2). Sessions that fail after that (dropped

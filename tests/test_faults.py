@@ -15,7 +15,9 @@ What every scenario asserts, from what the consumer read off the queue:
 Run on its own with `make test-faults` (`pytest -m faults`; REPEAT=5 runs it five times).
 The RabbitMQ scenarios stop and start the shared RabbitMQ application, so they must not
 run beside other suites that use it. The SQS scenarios run against moto in server mode,
-on a server of their own that the outage scenario stops and starts.
+on a server of their own that the outage scenario stops and starts. The failover scenario
+makes a primary and a synchronous standby of its own (tests/pg_clusters.py, needs Debian's
+pg_createcluster and root) and fails over between them while relays and producers run.
 """
 
 from __future__ import annotations
