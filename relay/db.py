@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -9,6 +12,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from relay.dbtext import set_up_text
@@ -17,7 +21,6 @@ from relay.errors import ConfigError, DatabaseUnavailable
 from relay.sqlfiles import migrations
 from relay.sqlnames import OutboxNames
 
-CONNECT_TIMEOUT_S = 5
 # What the dispatch path treats as a passing loss of its session, retried like an outage:
 # the server or the network went away (OperationalError; a statement cancelled by
 # statement_timeout is one too, QueryCanceled), or PostgreSQL ended a session left idle
@@ -29,6 +32,42 @@ TRANSIENT_DB_ERRORS: tuple[type[psycopg.Error], ...] = (
 )
 APPLICATION_NAME = "outbox-relay"
 
+# What every relay connection uses unless its DSN sets the parameter itself (libpq's names).
+# A failover or a host that vanishes leaves a connection half-open: nothing closes it, and
+# a worker waiting on it would wait forever. These bound that wait:
+# * connect_timeout: per host of a multi-host DSN, so a dead first host costs 5 s before
+#   the next is tried, not the kernel's two minutes of SYN retries.
+# * tcp_user_timeout: a query sent to a host that stopped acknowledging fails after 10 s
+#   (well inside the default lease of 60 s, so the retry lands on the new primary before the lease
+#   runs out); it counts only unacknowledged data, never a slow query.
+# * keepalives: a connection waiting for an answer (or the wake-up listener, idle by
+#   design) notices a host that stopped answering after 10 + 3 x 5 = 25 s.
+CONNECT_TIMEOUT_S = 5
+NETWORK_DEFAULTS: dict[str, str] = {
+    "connect_timeout": str(CONNECT_TIMEOUT_S),
+    "tcp_user_timeout": "10000",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+}
+# The environment variables libpq reads for those parameters: set, they win over our default.
+_ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT"}
+
+
+def network_defaults(dsn: str) -> dict[str, str]:
+    """The connection parameters of ``NETWORK_DEFAULTS`` that ``dsn`` (or libpq's environment)
+    does not set: keyword arguments for psycopg, which would otherwise override the DSN's own."""
+    try:
+        given = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        given = {}  # the connection attempt reports the malformed DSN in its own words
+    return {
+        key: value
+        for key, value in NETWORK_DEFAULTS.items()
+        if key not in given and not os.environ.get(_ENVIRONMENT.get(key, ""), "")
+    }
+
 
 async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
     """One autocommit connection; failures become DatabaseUnavailable naming host and database.
@@ -39,7 +78,7 @@ async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
     """
     where = describe_dsn(dsn)
     try:
-        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, **kwargs)
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, **{**network_defaults(dsn), **kwargs})
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {_reason(exc)}") from None
     except psycopg.ProgrammingError as exc:  # malformed options inside an otherwise parseable DSN
@@ -102,6 +141,29 @@ async def configure_session(conn: psycopg.AsyncConnection[Any], limits: SessionL
     await set_up_text(conn, "exact")
 
 
+# How long one pool connection attempt keeps trying, every FAILOVER_RETRY_EVERY_S, before it
+# fails and psycopg_pool's own backoff (1 s, then 2 s, 4 s ... apart) takes over. A failover
+# refuses connections for a moment (the old primary gone, the standby not yet promoted):
+# without this, the pool's first retry came a whole second later, and its second, three.
+FAILOVER_RETRY_S = 3.0
+FAILOVER_RETRY_EVERY_S = 0.1
+
+
+class _PoolConnection(psycopg.AsyncConnection[Any]):
+    """A pool connection whose connect retries briefly (``FAILOVER_RETRY_S``)."""
+
+    @classmethod
+    async def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+        give_up = time.monotonic() + FAILOVER_RETRY_S
+        while True:
+            try:
+                return await super().connect(conninfo, **kwargs)
+            except psycopg.OperationalError:
+                if time.monotonic() + FAILOVER_RETRY_EVERY_S >= give_up:
+                    raise
+                await asyncio.sleep(FAILOVER_RETRY_EVERY_S)
+
+
 async def open_pool(dsn: str, size: int, limits: SessionLimits | None = None) -> AsyncConnectionPool[Any]:
     """A pool of ``size`` autocommit connections, checked by one real connection first,
     each session set up by :func:`configure_session` with ``limits``."""
@@ -114,11 +176,12 @@ async def open_pool(dsn: str, size: int, limits: SessionLimits | None = None) ->
         open=False,
         # The application name lets operators (and the fault tests) find the relay's
         # sessions in pg_stat_activity.
-        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S, "application_name": APPLICATION_NAME},
+        kwargs={"autocommit": True, "application_name": APPLICATION_NAME, **network_defaults(dsn)},
         # Connections found broken are replaced on return instead of handed out again.
         check=AsyncConnectionPool.check_connection,
         configure=partial(configure_session, limits=limits),
         name="relay",
+        connection_class=_PoolConnection,
     )
     # Not waiting for the pool to fill: the probe above already told a wrong DSN or an
     # unreachable server apart (one line, exit 2). Sessions that fail after that (dropped

@@ -1,7 +1,8 @@
 """Fixtures: a real PostgreSQL, one fresh schema per test, and helpers to fill the outbox.
 
 The broker fixtures (``amqp``, ``rabbit``, ``ctl``, ``proxy``; ``moto_endpoint``,
-``sqs_client``, ``make_queue``; ``sns_client``, ``make_topic``) live beside the services they stand for and are
+``sqs_client``, ``make_queue``; ``sns_client``, ``make_topic``; ``pg_pair``, a primary and
+its synchronous standby) live beside the services they stand for and are
 registered here as plugins, so a test module names them as parameters and never imports
 them.
 """
@@ -30,7 +31,7 @@ from tests.helpers import create_outbox_at
 from tests.relay_process import RelayProcess
 from tests.services import SKIP_PG, postgres_dsn, require_services
 
-pytest_plugins = ("tests.rabbitmq_broker", "tests.sqs_server", "tests.sns_server")
+pytest_plugins = ("tests.rabbitmq_broker", "tests.sqs_server", "tests.sns_server", "tests.pg_clusters")
 
 
 @pytest.fixture(scope="session")

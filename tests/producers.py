@@ -20,11 +20,13 @@ Aborted transactions leave nothing in the oracle (their rows never existed).
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -83,6 +85,7 @@ class CommitLog:
     _rows: dict[str, list[tuple[tuple[int, int], int]]] = field(default_factory=dict)
     committed: int = 0
     aborted: int = 0
+    in_doubt: list[tuple[int, list[tuple[str, int]], str]] = field(default_factory=list)
 
     def record(self, position: int, rows: Iterable[tuple[str, int]]) -> None:
         with self._lock:
@@ -94,6 +97,13 @@ class CommitLog:
         with self._lock:
             self.aborted += 1
 
+    def doubt(self, position: int, rows: Iterable[tuple[str, int]], marker: str) -> None:
+        """A COMMIT that failed with a lost connection: it may or may not have committed.
+        :func:`resolve_in_doubt` decides later, from the rows on the database: those of
+        its ids whose payload carries ``marker``, the transaction's own."""
+        with self._lock:
+            self.in_doubt.append((position, list(rows), marker))
+
     def expected(self) -> dict[str, list[int]]:
         """Per aggregate, its event ids in commit order (one transaction's events by id)."""
         with self._lock:
@@ -101,6 +111,51 @@ class CommitLog:
 
     def ids(self) -> set[int]:
         return {oid for order in self.expected().values() for oid in order}
+
+
+def resolve_in_doubt(dsn: str, names: OutboxNames, *logs: CommitLog) -> tuple[int, int]:
+    """Settle each log's in-doubt transactions: one committed iff its rows exist (with
+    synchronous replication, what the new primary has is what committed). A committed one
+    joins the log at the position it was given before its COMMIT. Returns (committed, not).
+
+    Rows are recognised by their transaction's marker in the payload, not by id alone: ids
+    a lost transaction took are handed out again by the new primary (nextval is not
+    transactional, and its WAL need not have reached the standby), so a row with the same
+    id may be another transaction's."""
+    counts = [0, 0]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for log in logs:
+            for position, rows, marker in log.in_doubt:
+                ids = [oid for _, oid in rows]
+                if not ids:
+                    continue
+                found = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {} WHERE id = ANY(%s) AND payload->>'txn' = %s").format(
+                        sql.Identifier(names.schema, names.table)
+                    ),
+                    (ids, marker),
+                ).fetchone()
+                n = found[0] if found else 0
+                assert n in (0, len(ids)), f"a transaction half there: {n} of ids {ids}"
+                if n:
+                    log.record(position, rows)
+                else:
+                    log.abort()
+                counts[0 if n else 1] += 1
+            log.in_doubt.clear()
+    return counts[0], counts[1]
+
+
+def connect_retrying(dsn: str, *, timeout_s: float = 60.0) -> psycopg.Connection[Any]:
+    """A connection, waiting out a failover: until some host of ``dsn`` accepts it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return psycopg.connect(dsn, connect_timeout=2)
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _insert_sql(names: OutboxNames) -> sql.Composed:
@@ -126,6 +181,9 @@ class LockedProducers:
     rollback_share: float = 0.1
     pause_s: float = 0.01  # the longest random sleep after the first write and before commit
     seed: int = 0
+    # Survive a failover: a transaction cut by a lost connection is over (aborted, or in
+    # doubt if the COMMIT itself was cut: CommitLog.doubt), and the thread reconnects.
+    reconnect: bool = False
 
     def run(self, transactions: int) -> None:
         """Each thread runs ``transactions`` transactions; returns when all are done, and
@@ -149,7 +207,8 @@ class LockedProducers:
             raise errors[0]
 
     def _thread(self, rng: random.Random, transactions: int) -> None:
-        with psycopg.connect(self.dsn) as conn:
+        conn = connect_retrying(self.dsn) if self.reconnect else psycopg.connect(self.dsn)
+        try:
             for t in range(transactions):
                 try:
                     self._transaction(conn, rng, t)
@@ -157,6 +216,12 @@ class LockedProducers:
                     # At REPEATABLE READ or SERIALIZABLE a producer retries, as real ones do.
                     conn.rollback()
                     self.log.abort()
+                except psycopg.OperationalError:
+                    if not self.reconnect or not conn.closed:
+                        raise
+                    conn = connect_retrying(self.dsn)
+        finally:
+            conn.close()
 
     def _transaction(self, conn: psycopg.Connection[Any], rng: random.Random, t: int) -> None:
         insert = _insert_sql(self.names)
@@ -169,6 +234,10 @@ class LockedProducers:
         conn.execute(sql.SQL("INSERT INTO {} (note) VALUES (%s)").format(audit_t), (f"tx {t}",))
         time.sleep(rng.uniform(0, self.pause_s))
         rows: list[tuple[str, int]] = []
+        # In reconnect mode each transaction marks its rows, so an in-doubt one can be told
+        # from another that got the same ids after a failover (resolve_in_doubt).
+        marker = uuid.uuid4().hex
+        extra = {"txn": marker} if self.reconnect else {}
 
         def lock() -> None:
             if self.lock == "advisory":
@@ -183,7 +252,7 @@ class LockedProducers:
         def write_events() -> None:
             for a in chosen:
                 for e in range(rng.randint(1, self.max_events_per_aggregate)):
-                    payload = json.dumps({"tx": t, "event": e})
+                    payload = json.dumps({"tx": t, "event": e, **extra})
                     [(oid,)] = conn.execute(insert, (a, self.event_type, payload)).fetchall()
                     rows.append((a, oid))
                 if self.unordered_type:
@@ -202,7 +271,13 @@ class LockedProducers:
             conn.rollback()
             self.log.abort()
             return
-        conn.commit()
+        try:
+            conn.commit()
+        except psycopg.OperationalError:
+            if self.reconnect and conn.closed:
+                for a in chosen:
+                    self.log.doubt(versions[a], [r for r in rows if r[0] == a], marker)
+            raise
         for a in chosen:
             self.log.record(versions[a], [r for r in rows if r[0] == a])
 
@@ -220,54 +295,104 @@ def produce_unlocked(
     unordered_type: str | None = "EmailQueued",
     pause_s: tuple[float, float] = (0.0, 0.2),
     on_commit: Callable[[], None] | None = None,
+    reconnect: bool = False,
 ) -> None:
     """Several connections write the same aggregates with no lock and commit in an order
     chosen here, usually against their ids; every commit is issued from this one thread, so
-    the order they return in is the commit order the log records."""
+    the order they return in is the commit order the log records. ``reconnect``: survive a
+    failover (a round cut by a lost connection is lost, its cut COMMIT in doubt)."""
     rng = random.Random(seed)
     insert = _insert_sql(names)
-    position = 0
-    conns = [psycopg.connect(dsn) for _ in range(connections)]
+    positions = itertools.count(1)
+    connect = (lambda: connect_retrying(dsn)) if reconnect else (lambda: psycopg.connect(dsn))
+    conns = [connect() for _ in range(connections)]
     try:
         for _ in range(rounds):
-            chosen = rng.sample(aggregates, k=min(len(aggregates), rng.randint(1, 5)))
-            rows: list[list[tuple[str, int]]] = [[] for _ in conns]
-            # Interleave the inserts so each transaction holds some lower and some higher ids.
-            for _step in range(rng.randint(1, 3)):
-                for i, conn in enumerate(conns):
-                    for a in chosen:
-                        if rng.random() < 0.7:
-                            [(oid,)] = conn.execute(insert, (a, event_type, json.dumps({"by": i}))).fetchall()
-                            rows[i].append((a, oid))
-                    if unordered_type:
-                        conn.execute(insert, (rng.choice(chosen), unordered_type, "{}"))
-            order = list(range(len(conns)))
-            # Usually the transaction that took the lowest ids commits last.
-            order = order[::-1] if rng.random() < 0.7 else rng.sample(order, k=len(order))
-            for i in order:
-                if rng.random() < 0.1:
-                    conns[i].rollback()
-                    log.abort()
-                    continue
-                try:
-                    conns[i].commit()
-                except psycopg.errors.SerializationFailure:
-                    # Run at SERIALIZABLE, PostgreSQL may abort a commit for a conflict it
-                    # cannot rule out (its predicate locks are coarse): an application
-                    # retries such a transaction; here it is one that never happened.
-                    log.abort()
-                    continue
-                position += 1
-                log.record(position, rows[i])
-                if on_commit is not None:
-                    on_commit()
-                # Sometimes no pause: both commits land before any relay looks, so they
-                # become visible to it together.
-                if rng.random() < 0.5:
-                    time.sleep(rng.uniform(*pause_s))
+            try:
+                _unlocked_round(
+                    conns,
+                    rng,
+                    insert,
+                    aggregates,
+                    log,
+                    positions,
+                    event_type,
+                    unordered_type,
+                    pause_s,
+                    on_commit,
+                    reconnect,
+                )
+            except psycopg.OperationalError:
+                # A failover: every transaction of the round still open is lost; the one
+                # whose COMMIT was cut is in doubt (recorded by the round). Start afresh.
+                if not reconnect:
+                    raise
+                for conn in conns:
+                    conn.close()
+                conns = [connect() for _ in range(connections)]
     finally:
         for conn in conns:
             conn.close()
+
+
+def _unlocked_round(
+    conns: list[psycopg.Connection[Any]],
+    rng: random.Random,
+    insert: sql.Composed,
+    aggregates: list[str],
+    log: CommitLog,
+    positions: Iterator[int],
+    event_type: str,
+    unordered_type: str | None,
+    pause_s: tuple[float, float],
+    on_commit: Callable[[], None] | None,
+    mark: bool = False,
+) -> None:
+    """One round of :func:`produce_unlocked`; ``positions`` numbers its COMMITs. ``mark``:
+    each transaction's payloads carry its marker (see :func:`resolve_in_doubt`)."""
+    markers = [uuid.uuid4().hex for _ in conns]
+    chosen = rng.sample(aggregates, k=min(len(aggregates), rng.randint(1, 5)))
+    rows: list[list[tuple[str, int]]] = [[] for _ in conns]
+    # Interleave the inserts so each transaction holds some lower and some higher ids.
+    for _step in range(rng.randint(1, 3)):
+        for i, conn in enumerate(conns):
+            for a in chosen:
+                if rng.random() < 0.7:
+                    [(oid,)] = conn.execute(
+                        insert, (a, event_type, json.dumps({"by": i, **({"txn": markers[i]} if mark else {})}))
+                    ).fetchall()
+                    rows[i].append((a, oid))
+            if unordered_type:
+                conn.execute(insert, (rng.choice(chosen), unordered_type, "{}"))
+    order = list(range(len(conns)))
+    # Usually the transaction that took the lowest ids commits last.
+    order = order[::-1] if rng.random() < 0.7 else rng.sample(order, k=len(order))
+    for i in order:
+        if rng.random() < 0.1:
+            conns[i].rollback()
+            log.abort()
+            continue
+        position = next(positions)
+        try:
+            conns[i].commit()
+        except psycopg.OperationalError:
+            # Cut mid-COMMIT: its place in the order is known (this thread issues
+            # every COMMIT), whether it happened is not, yet.
+            log.doubt(position, rows[i], markers[i])
+            raise
+        except psycopg.errors.SerializationFailure:
+            # Run at SERIALIZABLE, PostgreSQL may abort a commit for a conflict it
+            # cannot rule out (its predicate locks are coarse): an application
+            # retries such a transaction; here it is one that never happened.
+            log.abort()
+            continue
+        log.record(position, rows[i])
+        if on_commit is not None:
+            on_commit()
+        # Sometimes no pause: both commits land before any relay looks, so they
+        # become visible to it together.
+        if rng.random() < 0.5:
+            time.sleep(rng.uniform(*pause_s))
 
 
 @dataclass(frozen=True)
@@ -410,10 +535,11 @@ def producers_both_ways(
 
 
 def fleet_producers(
-    pg_dsn: str, names: OutboxNames, seed: int, *, locked_tx: int, unlocked_rounds: int
+    pg_dsn: str, names: OutboxNames, seed: int, *, locked_tx: int, unlocked_rounds: int, reconnect: bool = False
 ) -> tuple[CommitLog, CommitLog, threading.Thread]:
     """The fault scenarios' producers, both ways (:func:`producers_both_ways`), on 12 locked and
-    8 unlocked aggregates of their own."""
+    8 unlocked aggregates of their own; ``reconnect``: they survive a lost connection (a
+    failover), each COMMIT it cut recorded as in doubt."""
     return producers_both_ways(
         pg_dsn,
         names,
@@ -422,8 +548,8 @@ def fleet_producers(
         locked_tx=locked_tx,
         unlocked_rounds=unlocked_rounds,
         seeds=(seed, seed),
-        locked_options={"unordered_type": "EmailQueued", "pause_s": 0.02},
-        unlocked_options={"pause_s": (0.0, 0.25)},
+        locked_options={"unordered_type": "EmailQueued", "pause_s": 0.02, "reconnect": reconnect},
+        unlocked_options={"pause_s": (0.0, 0.25), "reconnect": reconnect},
     )
 
 
