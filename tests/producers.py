@@ -535,11 +535,18 @@ def producers_both_ways(
 
 
 def fleet_producers(
-    pg_dsn: str, names: OutboxNames, seed: int, *, locked_tx: int, unlocked_rounds: int, reconnect: bool = False
+    pg_dsn: str,
+    names: OutboxNames,
+    seed: int,
+    *,
+    locked_tx: int,
+    unlocked_rounds: int,
+    reconnect: bool = False,
+    producer_dsn: str | None = None,
 ) -> tuple[CommitLog, CommitLog, threading.Thread]:
     """The fault scenarios' producers, both ways (:func:`producers_both_ways`), on 12 locked and
-    8 unlocked aggregates of their own; ``reconnect``: they survive a lost connection (a
-    failover), each COMMIT it cut recorded as in doubt."""
+    8 unlocked aggregates of their own, writing as ``producer_dsn`` when given; ``reconnect``:
+    they survive a lost connection (a failover), each COMMIT it cut recorded as in doubt."""
     return producers_both_ways(
         pg_dsn,
         names,
@@ -550,6 +557,7 @@ def fleet_producers(
         seeds=(seed, seed),
         locked_options={"unordered_type": "EmailQueued", "pause_s": 0.02, "reconnect": reconnect},
         unlocked_options={"pause_s": (0.0, 0.25), "reconnect": reconnect},
+        producer_dsn=producer_dsn,
     )
 
 

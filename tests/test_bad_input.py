@@ -172,7 +172,7 @@ def test_operator_commands_refuse_bad_arguments(args: list[str], needle: str) ->
     assert_one_line_error(run_relay(*args, "--dsn", NO_DB, timeout=20), needle)
 
 
-async def test_ids_in_other_scripts_touch_nothing(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+async def test_ids_in_other_scripts_touch_nothing(store: OutboxStore, db: Db, relay_dsn: str) -> None:
     """`dead retry \u0661` (an Arabic-Indic one) used to be read as id 1 and re-drive row 1."""
     [first] = db.insert([("agg", "OrderPlaced", {})])
     assert first == 1  # a fresh table: the row the Arabic-Indic one would have named
@@ -180,7 +180,7 @@ async def test_ids_in_other_scripts_touch_nothing(store: OutboxStore, db: Db, pg
     await kill(store, [claimed[first]], "PermanentError: refused")
     before = db.row(first)
     assert before["status"] == "dead"
-    t = target(pg_dsn, db)
+    t = target(relay_dsn, db)
     for args in (
         ["dead", "retry", ARABIC_ONE],
         ["dead", "retry", SUPERSCRIPT_TWO],
@@ -192,12 +192,12 @@ async def test_ids_in_other_scripts_touch_nothing(store: OutboxStore, db: Db, pg
     assert db.row(first) == before
 
 
-def test_explain_refuses_text_the_database_cannot_take(db: Db, pg_dsn: str) -> None:
+def test_explain_refuses_text_the_database_cannot_take(db: Db, relay_dsn: str) -> None:
     # Bytes that are not UTF-8 in argv arrive as lone surrogates.
     bad = "order-\udcff"
-    assert_one_line_error(run_relay("explain", *target(pg_dsn, db), bad), "invalid AGGREGATE_ID: not UTF-8 text")
-    assert_one_line_error(run_relay("dead", "list", *target(pg_dsn, db), "--aggregate", bad), "invalid --aggregate")
-    assert_one_line_error(run_relay("explain", *target(pg_dsn, db), "x" * 10_000), "(10,000 characters) not found")
+    assert_one_line_error(run_relay("explain", *target(relay_dsn, db), bad), "invalid AGGREGATE_ID: not UTF-8 text")
+    assert_one_line_error(run_relay("dead", "list", *target(relay_dsn, db), "--aggregate", bad), "invalid --aggregate")
+    assert_one_line_error(run_relay("explain", *target(relay_dsn, db), "x" * 10_000), "(10,000 characters) not found")
 
 
 # ---- the metrics endpoint
@@ -211,9 +211,9 @@ def taken_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def test_metrics_port_in_use_or_host_unknown(db: Db, pg_dsn: str, taken_port: int) -> None:
+def test_metrics_port_in_use_or_host_unknown(db: Db, relay_dsn: str, taken_port: int) -> None:
     """The bind fails inside asyncio.run; its ConfigError still becomes the one line."""
-    common = ["start", "--broker", "log", *target(pg_dsn, db), "--log-level", "error"]
+    common = ["start", "--broker", "log", *target(relay_dsn, db), "--log-level", "error"]
     assert_one_line_error(
         run_relay(*common, "--metrics-port", str(taken_port), "--metrics-host", "127.0.0.1"),
         f"cannot serve metrics on '127.0.0.1' port {taken_port}",

@@ -108,7 +108,8 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet_factory(amqp: AmqpService, pg_dsn: str) -> Iterator[Any]:
+def fleet_factory(amqp: AmqpService, pg_dsn: str, relay_dsn: str) -> Iterator[Any]:
+    """Fleets of relays as the relay role (``dsn``: another database, as its superuser)."""
     fleets: list[Fleet] = []
 
     def make(names: OutboxNames, exchange: str, dsn: str | None = None, **extra: str) -> Fleet:
@@ -147,7 +148,7 @@ def fleet_factory(amqp: AmqpService, pg_dsn: str) -> Iterator[Any]:
         for key, value in extra.items():
             args += [f"--{key.replace('_', '-')}", value]
         store_fleet_ordering(dsn or pg_dsn, names)
-        fleet = Fleet(args, relay_env(RELAY_DSN=dsn or pg_dsn, RELAY_AMQP_URL=amqp.url, RELAY_LOG_LEVEL="warning"))
+        fleet = Fleet(args, relay_env(RELAY_DSN=dsn or relay_dsn, RELAY_AMQP_URL=amqp.url, RELAY_LOG_LEVEL="warning"))
         fleets.append(fleet)
         return fleet
 
@@ -212,7 +213,13 @@ async def wait_all_done(db: Db, total: int, timeout: float = 60) -> None:
 
 
 async def test_crashes_killed_sessions_with_locking_and_unlocked_producers(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, amqp: AmqpService, fleet_factory: Any
+    pg_dsn: str,
+    producer_dsn: str,
+    names: OutboxNames,
+    db: Db,
+    rabbit: Rabbit,
+    amqp: AmqpService,
+    fleet_factory: Any,
 ) -> None:
     # A new schedule of faults every run; RELAY_FAULT_SEED replays one.
     seed = int(os.environ.get("RELAY_FAULT_SEED") or random.randrange(1 << 30))
@@ -224,7 +231,9 @@ async def test_crashes_killed_sessions_with_locking_and_unlocked_producers(
     for _ in range(3):
         fleet.start()
 
-    locked, unlocked, producing = fleet_producers(pg_dsn, names, seed, locked_tx=60, unlocked_rounds=40)
+    locked, unlocked, producing = fleet_producers(
+        pg_dsn, names, seed, locked_tx=60, unlocked_rounds=40, producer_dsn=producer_dsn
+    )
     stranded = await run_chaos(fleet, rng, pg_dsn, db, seconds=12)
     await asyncio.to_thread(producing.join)
     await wait_all_done(db, len(db.rows()))
@@ -308,7 +317,13 @@ async def test_poisoned_message_dies_and_blocks_only_its_aggregate(
 
 
 async def test_a_transaction_left_open_in_another_database_holds_nothing_back(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, amqp: AmqpService, fleet_factory: Any
+    pg_dsn: str,
+    producer_dsn: str,
+    names: OutboxNames,
+    db: Db,
+    rabbit: Rabbit,
+    amqp: AmqpService,
+    fleet_factory: Any,
 ) -> None:
     """A session that wrote and then sat idle in its transaction for 40 s, in another
     database of the same cluster (a batch job, a forgotten psql): ordered events written
@@ -316,13 +331,13 @@ async def test_a_transaction_left_open_in_another_database_holds_nothing_back(
     exchange = await rabbit.exchange("direct")
     queue = await rabbit.queue(bind=(exchange, "outbox"))
     aggregates = [f"order-{i}" for i in range(5)]
-    create_producer_tables(pg_dsn, names, aggregates)
+    create_producer_tables(pg_dsn, names, aggregates, producer_dsn=producer_dsn)
     fleet: Fleet = fleet_factory(names, exchange)
     fleet.start()
     log = CommitLog()
     committed_at: dict[int, float] = {}
     other_database = pg_dsn.rsplit("/", 1)[0] + "/postgres"
-    producers = LockedProducers(pg_dsn, names, aggregates, log, threads=1, rollback_share=0.0, seed=7)
+    producers = LockedProducers(producer_dsn, names, aggregates, log, threads=1, rollback_share=0.0, seed=7)
     async with QueueReader(amqp, queue) as reader:
         # Start-up (imports, connections) is not what this test measures: the clock starts
         # once the fleet has delivered a first event.
@@ -414,18 +429,20 @@ def sqs_deliveries(client: Any, url: str) -> list[Delivery]:
 
 
 async def test_sqs_crashes_killed_sessions_with_locking_and_unlocked_producers(
-    pg_dsn: str, names: OutboxNames, db: Db, own_moto: Any
+    pg_dsn: str, producer_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, own_moto: Any
 ) -> None:
     seed = int(os.environ.get("RELAY_FAULT_SEED") or random.randrange(1 << 30))
     print(f"\n  fault schedule seed {seed} (RELAY_FAULT_SEED={seed} replays it)")
     rng = random.Random(seed)
     client = boto3.client("sqs", endpoint_url=own_moto.endpoint, region_name="us-east-1")
     url = client.create_queue(QueueName=unique("faults") + ".fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
-    fleet = sqs_fleet(relay_env(RELAY_DSN=pg_dsn, RELAY_LOG_LEVEL="warning"), names, url, own_moto.endpoint)
+    fleet = sqs_fleet(relay_env(RELAY_DSN=relay_dsn, RELAY_LOG_LEVEL="warning"), names, url, own_moto.endpoint)
     try:
         for _ in range(3):
             fleet.start()
-        locked, unlocked, producing = fleet_producers(pg_dsn, names, seed, locked_tx=35, unlocked_rounds=25)
+        locked, unlocked, producing = fleet_producers(
+            pg_dsn, names, seed, locked_tx=35, unlocked_rounds=25, producer_dsn=producer_dsn
+        )
         await run_chaos(fleet, rng, pg_dsn, db, seconds=10)
         await asyncio.to_thread(producing.join)
         await wait_all_done(db, len(db.rows()))
@@ -436,11 +453,11 @@ async def test_sqs_crashes_killed_sessions_with_locking_and_unlocked_producers(
 
 
 async def test_sqs_outage_longer_than_the_backoff_schedule_burns_nothing(
-    pg_dsn: str, names: OutboxNames, db: Db, own_moto: Any
+    relay_dsn: str, names: OutboxNames, db: Db, own_moto: Any
 ) -> None:
     client = boto3.client("sqs", endpoint_url=own_moto.endpoint, region_name="us-east-1")
     url = client.create_queue(QueueName=unique("outage") + ".fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
-    fleet = sqs_fleet(relay_env(RELAY_DSN=pg_dsn, RELAY_LOG_LEVEL="warning"), names, url, own_moto.endpoint)
+    fleet = sqs_fleet(relay_env(RELAY_DSN=relay_dsn, RELAY_LOG_LEVEL="warning"), names, url, own_moto.endpoint)
     try:
         fleet.start()
         before = db.insert((f"order-{i % 10}", "OrderPlaced" if i % 2 else "EmailQueued", {"i": i}) for i in range(40))

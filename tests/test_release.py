@@ -54,13 +54,13 @@ async def claim_as(store: OutboxStore, owner: str, want: set[int]) -> dict[int, 
     return got
 
 
-async def deliver_with_a_log_relay(db: Db, pg_dsn: str, *, done: int) -> tuple[int | None, str, str]:
+async def deliver_with_a_log_relay(db: Db, relay_dsn: str, *, done: int) -> tuple[int | None, str, str]:
     """Run `relay start --broker log` until ``done`` rows are done (30 s at most), then
     SIGTERM it: its exit code, and its stdout (one line per message, in the order it
     published them) and stderr."""
     with RelayProcess(
         "start", "--schema", db.names.schema, "--broker", "log", "--poll-interval", "100ms",
-        env=relay_env(RELAY_DSN=pg_dsn),
+        env=relay_env(RELAY_DSN=relay_dsn),
     ) as relay:  # fmt: skip
         try:
             await wait_until_async(lambda: db.statuses().get("done", 0) >= done, timeout=30, interval=0.05)
@@ -84,9 +84,9 @@ def test_ids_are_ascii_digits_only() -> None:
 
 
 async def test_release_by_owner_dry_run_then_yes_fences_the_old_owner_and_another_relay_delivers(
-    store: OutboxStore, db: Db, pg_dsn: str
+    store: OutboxStore, db: Db, relay_dsn: str
 ) -> None:
-    t = target(pg_dsn, db)
+    t = target(relay_dsn, db)
     [live] = db.insert([("b", "OrderPlaced", {})])
     await claim_as(store, "livehost:1:0", {live})
     a = db.insert([("a", "OrderPlaced", {"n": i}) for i in range(3)])
@@ -130,7 +130,7 @@ async def test_release_by_owner_dry_run_then_yes_fences_the_old_owner_and_anothe
     assert lease_state(db) == after
 
     # Another relay delivers the released rows, the ordered ones in order.
-    code, out, err = await deliver_with_a_log_relay(db, pg_dsn, done=5)
+    code, out, err = await deliver_with_a_log_relay(db, relay_dsn, done=5)
     assert code == 0, err
     assert db.statuses() == {"done": 5, "processing": 1}, err  # livehost's lease still runs
     lines = [json.loads(line) for line in out.splitlines()]
@@ -140,8 +140,8 @@ async def test_release_by_owner_dry_run_then_yes_fences_the_old_owner_and_anothe
     assert {m["lease_version"] for m in lines if m["outbox_id"] == a[0]} == {held[a[0]].lease_version + 2}
 
 
-async def test_release_by_ids_reports_what_it_will_not_touch(store: OutboxStore, db: Db, pg_dsn: str) -> None:
-    t = target(pg_dsn, db)
+async def test_release_by_ids_reports_what_it_will_not_touch(store: OutboxStore, db: Db, relay_dsn: str) -> None:
+    t = target(relay_dsn, db)
     [other] = db.insert([("b", "OrderPlaced", {})])
     await claim_as(store, "livehost:1:0", {other})
     ids = db.insert([("a", "OrderPlaced", {}), ("a", "OrderPaid", {}), ("m", "EmailSent", {})])
@@ -174,9 +174,9 @@ async def test_release_by_ids_reports_what_it_will_not_touch(store: OutboxStore,
 
 
 async def test_a_release_on_the_last_attempt_sends_to_dead_like_the_reaper(
-    store: OutboxStore, db: Db, pg_dsn: str
+    store: OutboxStore, db: Db, relay_dsn: str
 ) -> None:
-    t = target(pg_dsn, db)
+    t = target(relay_dsn, db)
     ids = db.insert([("c", "OrderPlaced", {}), ("c", "OrderPaid", {})])
     await claim_as(store, "crashed:7:0", {ids[0]})
     proc = run_relay("release", "--owner", "crashed:7:0", "--max-attempts", "1", *t)
@@ -198,8 +198,8 @@ async def test_a_release_on_the_last_attempt_sends_to_dead_like_the_reaper(
     assert claim.messages == []
 
 
-async def test_bad_release_requests_get_one_line(store: OutboxStore, db: Db, pg_dsn: str) -> None:
-    t = target(pg_dsn, db)
+async def test_bad_release_requests_get_one_line(store: OutboxStore, db: Db, relay_dsn: str) -> None:
+    t = target(relay_dsn, db)
     cases = [
         (["--ids", "²"], "invalid --ids entry '²'"),
         (["--ids", "\u0661"], "invalid --ids entry '\u0661'"),  # an Arabic-Indic digit one
@@ -216,7 +216,7 @@ async def test_bad_release_requests_get_one_line(store: OutboxStore, db: Db, pg_
 
 @pytest.mark.parametrize("producers", ["locked", "unlocked"])
 async def test_released_ordered_rows_are_delivered_in_commit_order(
-    producers: str, store: OutboxStore, db: Db, pg_dsn: str, producer_dsn: str
+    producers: str, store: OutboxStore, db: Db, pg_dsn: str, producer_dsn: str, relay_dsn: str
 ) -> None:
     """The crashed host held the head of each aggregate, written by producers that lock the
     aggregate (the design reference's pattern) or that do not; after `relay release --yes`
@@ -233,9 +233,9 @@ async def test_released_ordered_rows_are_delivered_in_commit_order(
     heads = {order[0] for order in expected.values()}
     await claim_as(store, f"{DEAD_HOST}:0", heads)
 
-    proc = run_relay("release", "--owner", DEAD_HOST, "--yes", *target(pg_dsn, db))
+    proc = run_relay("release", "--owner", DEAD_HOST, "--yes", *target(relay_dsn, db))
     assert proc.returncode == 0, proc.stderr
-    code, out, err = await deliver_with_a_log_relay(db, pg_dsn, done=len(log.ids()))
+    code, out, err = await deliver_with_a_log_relay(db, relay_dsn, done=len(log.ids()))
     assert code == 0, err
     received = [json.loads(line) for line in out.splitlines()]  # the broker's order
     arrivals = [Arrival(m["outbox_id"], m["aggregate_id"]) for m in received]
