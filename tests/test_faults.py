@@ -250,6 +250,7 @@ async def test_crashes_killed_sessions_with_locking_and_unlocked_producers(
     )
 
 
+@pytest.mark.extended
 async def test_broker_outage_longer_than_the_backoff_schedule_burns_nothing(
     pg_dsn: str,
     names: OutboxNames,
@@ -316,6 +317,7 @@ async def test_poisoned_message_dies_and_blocks_only_its_aggregate(
     assert {d.aggregate_seq for d in deliveries} == {1}  # each the first of its aggregate
 
 
+@pytest.mark.extended
 async def test_a_transaction_left_open_in_another_database_holds_nothing_back(
     pg_dsn: str,
     producer_dsn: str,
@@ -428,6 +430,7 @@ def sqs_deliveries(client: Any, url: str) -> list[Delivery]:
     ]
 
 
+@pytest.mark.extended
 async def test_sqs_crashes_killed_sessions_with_locking_and_unlocked_producers(
     pg_dsn: str, producer_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, own_moto: Any
 ) -> None:
@@ -452,6 +455,7 @@ async def test_sqs_crashes_killed_sessions_with_locking_and_unlocked_producers(
     check_deliveries(db, await asyncio.to_thread(sqs_deliveries, client, url), merged(locked, unlocked))
 
 
+@pytest.mark.extended
 async def test_sqs_outage_longer_than_the_backoff_schedule_burns_nothing(
     relay_dsn: str, names: OutboxNames, db: Db, own_moto: Any
 ) -> None:

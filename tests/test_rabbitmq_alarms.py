@@ -68,6 +68,7 @@ async def test_a_block_expires_the_confirm_waits_in_progress_and_refuses_until_t
 
 
 @pytest.mark.faults
+@pytest.mark.extended
 @pytest.mark.parametrize("kind", ["memory", "disk"])
 async def test_alarm_blocked_publisher_refuses_at_once_and_delivers_after_the_unblock(
     rabbit: Rabbit, ctl: BrokerControl, kind: str
@@ -120,6 +121,7 @@ async def test_alarm_blocked_publisher_refuses_at_once_and_delivers_after_the_un
 
 
 @pytest.mark.faults
+@pytest.mark.extended
 async def test_alarm_blocking_one_batch_cuts_short_another_batch_opening_its_channel(
     rabbit: Rabbit, ctl: BrokerControl
 ) -> None:
@@ -142,6 +144,7 @@ async def test_alarm_blocking_one_batch_cuts_short_another_batch_opening_its_cha
 
 
 @pytest.mark.faults
+@pytest.mark.extended
 async def test_alarm_blocked_publisher_closes_without_waiting_on_each_channel(
     rabbit: Rabbit, ctl: BrokerControl
 ) -> None:
@@ -275,6 +278,7 @@ async def test_alarm_memory_holds_every_row_pending_without_attempts_and_deliver
 
 
 @pytest.mark.faults
+@pytest.mark.extended
 async def test_alarm_sigterm_during_a_memory_alarm_exits_0_in_time_and_spends_nothing(
     pg_dsn: str,
     names: OutboxNames,
