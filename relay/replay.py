@@ -26,7 +26,7 @@ import re
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -410,7 +410,7 @@ class Replayer:
         if lane is None:
             heapq.heappush(self._ready, item)
         elif lane in self._blocked:
-            self._hold_back(1)
+            self.report.held_back += 1
         elif lane in self._current:
             self._behind.setdefault(lane, deque()).append(item)
         else:
@@ -532,10 +532,7 @@ class Replayer:
             self._current.discard(lane)
             waiting = self._behind.pop(lane, deque())
             self._buffered -= len(waiting)
-            self._hold_back(len(waiting))
-
-    def _hold_back(self, n: int) -> None:
-        self.report.held_back += n
+            self.report.held_back += len(waiting)
 
     def _next_of(self, lane: str | None) -> None:
         if lane is None:
@@ -582,17 +579,17 @@ async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
     return True
 
 
-def summary_lines(summary: PlanSummary) -> Sequence[str]:
+def summary_line(summary: PlanSummary) -> str:
     """The plan in words, for the dry run and the start of a replay."""
     if not summary.count:
-        return ["no finished message matches the selection"]
+        return "no finished message matches the selection"
     span = ""
     if summary.first_created and summary.last_created:
         span = f", created {summary.first_created:%Y-%m-%d %H:%M:%S%z} to {summary.last_created:%Y-%m-%d %H:%M:%S%z}"
-    return [
+    return (
         f"{count_of(summary.count, 'message')}, ids {summary.first_id} to {summary.last_id},"
         f" {count_of(summary.aggregates, 'aggregate')}{span}, {summary.payload_bytes:,} bytes of payload"
-    ]
+    )
 
 
 def count_of(n: int, noun: str) -> str:

@@ -52,7 +52,7 @@ from relay.replay import (
     check_run_id,
     count_of,
     new_run_id,
-    summary_lines,
+    summary_line,
 )
 from relay.routes import DEFAULT_DESTINATION, ROUTES_OPTION, destination_namer
 from relay.tracing import tracing_for
@@ -198,7 +198,7 @@ def replay_cmd(
             if dry_run:
                 _print_dry_run(summary, where, run_id)
                 return 0
-            click.echo(f"replay {run_id}: {summary_lines(summary)[0]}, to {where}", err=True)
+            click.echo(f"replay {run_id}: {summary_line(summary)}, to {where}", err=True)
             stop = asyncio.Event()
             _on_interrupt(stop)
             progress = _Progress(sys.stderr, summary.count)
@@ -259,7 +259,7 @@ def _destinations(values: dict[str, Any]) -> str:
 
 
 def _print_dry_run(summary: PlanSummary, where: str, run_id: str) -> None:
-    click.echo(f"would replay {summary_lines(summary)[0]}")
+    click.echo(f"would replay {summary_line(summary)}")
     click.echo(f"to {where}, with header replay={run_id}")
     click.echo("dry run: nothing was published")
 
