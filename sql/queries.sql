@@ -277,9 +277,10 @@ UPDATE {q_settings}
 RETURNING updated_at;
 
 -- finalize --
--- Write a batch of outcomes in one statement, each row fenced by status = 'processing' and its lease_version; returns the ids written.
+-- Write a batch of outcomes in one statement, each row fenced by status = 'processing' and its lease_version; returns the ids written. lease_version is written too, with the token the writer holds: the fence makes that the value already there, and it leaves in the row (and in any audit of its updates) whose lease wrote it.
 UPDATE {outbox} AS o
    SET status       = f.status,
+       lease_version = f.version,
        available_at = CASE WHEN f.status = 'pending'
                            THEN now() + make_interval(secs => f.delay_s)
                            ELSE o.available_at END,

@@ -74,9 +74,11 @@ async def test_crashed_worker_keeps_the_row_for_its_lease_then_loses_it_to_the_f
     store: OutboxStore, db: Db
 ) -> None:
     [oid] = db.insert([("a", "Ping", {})])
-    [a] = await claim(store, "A", lease=timedelta(milliseconds=300))
+    # A second of lease: long enough that B's first claim comes inside it on a loaded
+    # machine (300 ms was not, with other suites running beside this one).
+    [a] = await claim(store, "A", lease=timedelta(seconds=1))
     assert await claim(store, "B") == []  # A's lease holds: nobody else may take it
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(1.1)
     [b] = await claim(store, "B")
     assert b.id == a.id == oid
     assert b.lease_version == a.lease_version + 1

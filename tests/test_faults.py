@@ -46,6 +46,7 @@ from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.deliveries import ORDERED, Delivery, QueueReader, check_deliveries, read_queue, store_fleet_ordering
 from tests.helpers import terminate_relay_sessions
+from tests.lease_audit import install_lease_audit, lease_audit_problems
 from tests.pg_clusters import ClusterPair
 from tests.producers import (
     CommitLog,
@@ -507,50 +508,6 @@ def test_a_relay_that_hangs_on_sigterm_fails_the_clean_exit_check() -> None:
         fleet.close()
 
 
-# The lease audit the failover test puts on its own outbox: every UPDATE's status and
-# lease_version, before and after, written in the same transaction as the UPDATE (so what
-# a failover loses of the outbox, it loses of the audit too, and no more).
-AUDIT_SQL = """
-CREATE TABLE {audit} (n bigserial PRIMARY KEY, id bigint, old_status text, new_status text,
-                      old_version bigint, new_version bigint);
-CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO {audit} (id, old_status, new_status, old_version, new_version)
-    VALUES (OLD.id, OLD.status::text, NEW.status::text, OLD.lease_version, NEW.lease_version);
-    RETURN NULL;
-END $$;
-CREATE TRIGGER lease_audit AFTER UPDATE ON {outbox} FOR EACH ROW EXECUTE FUNCTION {fn}();
-"""
-
-
-def lease_audit_problems(conn: psycopg.Connection[Any], names: OutboxNames, deliveries: list[Delivery]) -> list[str]:
-    """What the lease audit and the broker show against fencing: a claim that did not take
-    the next lease_version, a finalize (processing -> done/pending/dead) by any lease but the
-    row's current one, a lease_version that went back (a claim lost in the failover whose
-    token is handed out again), the same token delivered twice, or a done row whose token
-    no delivery carried."""
-    audit = sql.Identifier(names.schema, "lease_audit")
-    problems = []
-    for oid, old_s, new_s, old_v, new_v in conn.execute(
-        sql.SQL("SELECT id, old_status, new_status, old_version, new_version FROM {} ORDER BY n").format(audit)
-    ).fetchall():
-        if new_v < old_v:
-            problems.append(f"id {oid}: lease_version went back from {old_v} to {new_v}")
-        elif new_s == "processing" and old_s != "processing" and new_v != old_v + 1:
-            problems.append(f"id {oid}: a claim took lease_version {new_v} after {old_v}")
-        elif old_s == "processing" and new_s in ("done", "pending", "dead") and new_v != old_v:
-            problems.append(f"id {oid}: {old_s} -> {new_s} changed lease_version {old_v} -> {new_v}")
-    tokens = Counter((d.outbox_id, d.lease_version) for d in deliveries)
-    problems += [f"id {oid}: lease_version {v} delivered {n} times" for (oid, v), n in tokens.items() if n > 1]
-    done = conn.execute(
-        sql.SQL("SELECT id, lease_version FROM {} WHERE status = 'done'").format(
-            sql.Identifier(names.schema, names.table)
-        )
-    ).fetchall()
-    problems += [f"id {oid}: done by lease {v}, which no delivery carried" for oid, v in done if (oid, v) not in tokens]
-    return problems
-
-
 async def test_failover_to_a_synchronous_standby_loses_nothing_and_keeps_order(
     pg_pair: ClusterPair, rabbit: Rabbit, amqp: AmqpService, fleet_factory: Any
 ) -> None:
@@ -565,13 +522,7 @@ async def test_failover_to_a_synchronous_standby_loses_nothing_and_keeps_order(
     queue = await rabbit.queue(bind=(exchange, "outbox"))
     fleet: Fleet = fleet_factory(names, exchange, dsn=dsn)  # migrates the outbox on the primary
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(AUDIT_SQL).format(
-                audit=sql.Identifier(names.schema, "lease_audit"),
-                fn=sql.Identifier(names.schema, "lease_audit_row"),
-                outbox=sql.Identifier(names.schema, names.table),
-            )
-        )
+        install_lease_audit(conn, names)
     for _ in range(2):
         fleet.start()
     async with QueueReader(amqp, queue) as reader:
