@@ -19,6 +19,9 @@ from relay.errors import ConfigError, shown
 from relay.sqlfiles import named_grants
 from relay.sqlnames import IDENTIFIER_MAX, OutboxNames
 
+# The advisory lock key that serializes grants within one database (see grant()).
+GRANTS_LOCK = "outbox-relay:grants"
+
 Kind = Literal["producer", "relay"]
 KINDS: tuple[Kind, ...] = ("producer", "relay")
 
@@ -89,9 +92,15 @@ async def database_for(conn: psycopg.AsyncConnection[Any], chosen: Sequence[Gran
 
 
 async def grant(conn: psycopg.AsyncConnection[Any], names: OutboxNames, chosen: Sequence[Grantee]) -> None:
-    """Grant every role in ``chosen`` its privileges on ``names``, in one transaction."""
+    """Grant every role in ``chosen`` its privileges on ``names``, in one transaction.
+
+    Grants on one database wait for each other (an advisory lock for the transaction):
+    each rewrites the database's privileges, and PostgreSQL fails concurrent rewrites of
+    that catalog row with "tuple concurrently updated", as when two services' deploys run
+    `relay migrate --grant-relay` at once."""
     database = await database_for(conn, chosen)
     async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (GRANTS_LOCK,))
         for grantee in chosen:
             for statement in statements(names, grantee, database):
                 await conn.execute(statement)

@@ -4,6 +4,7 @@ may not, `relay grants` applied by a DBA, and bad input. The suite's fixtures (`
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from relay.grants import Grantee, grant
+from relay.migrate import migrate
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
 from relay.sqlnames import OutboxNames
@@ -277,3 +280,32 @@ def test_migrate_with_a_missing_role_changes_nothing(pg_dsn: str) -> None:
     assert_one_line_error(proc, "no such role")
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone() == (None,)
+
+
+async def test_concurrent_grants_on_one_database_all_land(pg_dsn: str, other_roles: tuple[str, str]) -> None:
+    """Deployers granting at once (two services' `relay migrate --grant-relay` on one database)
+    each update the database's privileges; unserialized, PostgreSQL fails all but one with
+    "tuple concurrently updated". Every grant lands, and every role can use its outbox."""
+    producer, relay = other_roles
+    outboxes = [OutboxNames(schema=f"cg_{uuid.uuid4().hex[:10]}", table="outbox") for _ in range(6)]
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        for names in outboxes:
+            await migrate(conn, names)
+    try:
+        conns = [await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) for _ in outboxes]
+        try:
+            chosen = [Grantee("producer", producer), Grantee("relay", relay)]
+            results = await asyncio.gather(
+                *(grant(c, names, chosen) for c, names in zip(conns, outboxes, strict=True)), return_exceptions=True
+            )
+        finally:
+            for c in conns:
+                await c.close()
+        assert [r for r in results if isinstance(r, BaseException)] == []
+        for names in outboxes:
+            with psycopg.connect(dsn_as(pg_dsn, relay)) as conn:
+                conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(names.schema, names.table)))
+    finally:
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            for names in outboxes:
+                await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(names.schema)))
