@@ -135,5 +135,6 @@ def relay_json(*args: str) -> Any:
 
 
 def target(dsn: str, db: Db) -> list[str]:
-    """The flags naming the test's outbox."""
+    """The flags naming the test's outbox, reached as ``dsn``: the relay role's
+    (``relay_dsn``) for the operator commands, whose every statement its grants cover."""
     return ["--dsn", dsn, "--schema", db.names.schema]

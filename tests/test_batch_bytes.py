@@ -313,8 +313,8 @@ def insert_large_backlog(db: Db) -> list[int]:
     return ids
 
 
-def start_relay(db: Db, pg_dsn: str, *args: str) -> RelayProcess:
-    command = ["start", "--dsn", pg_dsn, "--schema", db.names.schema, "--unordered", "Bulk", "--workers", "4"]
+def start_relay(db: Db, relay_dsn: str, *args: str) -> RelayProcess:
+    command = ["start", "--dsn", relay_dsn, "--schema", db.names.schema, "--unordered", "Bulk", "--workers", "4"]
     return RelayProcess(*command, *args, discard_stdout=True)  # the log broker's 200 MB of messages
 
 
@@ -334,7 +334,7 @@ async def drain_and_measure(db: Db, process: RelayProcess, total: int, timeout: 
 
 
 async def test_a_4_worker_relay_drains_twenty_10_mb_payloads_to_rabbitmq_in_under_150_mb(
-    pg_dsn: str, db: Db, rabbit: Rabbit, tmp_path: Path
+    relay_dsn: str, db: Db, rabbit: Rabbit, tmp_path: Path
 ) -> None:
     exchange = await rabbit.exchange("topic")
     queue = await rabbit.queue(bind=(exchange, "#"))
@@ -351,7 +351,7 @@ async def test_a_4_worker_relay_drains_twenty_10_mb_payloads_to_rabbitmq_in_unde
 
     consumer = asyncio.create_task(consume())
     with start_relay(
-        db, pg_dsn, "--broker", "rabbitmq", "--amqp-url", rabbit.amqp.url, "--exchange", exchange
+        db, relay_dsn, "--broker", "rabbitmq", "--amqp-url", rabbit.amqp.url, "--exchange", exchange
     ) as process:
         peak = await drain_and_measure(db, process, len(ids), timeout=120)
         deadline = time.monotonic() + 30
@@ -367,10 +367,10 @@ async def test_a_4_worker_relay_drains_twenty_10_mb_payloads_to_rabbitmq_in_unde
 
 
 async def test_a_4_worker_relay_drains_twenty_10_mb_payloads_to_the_log_broker_in_under_150_mb(
-    pg_dsn: str, db: Db, tmp_path: Path
+    relay_dsn: str, db: Db, tmp_path: Path
 ) -> None:
     ids = await asyncio.to_thread(insert_large_backlog, db)
-    with start_relay(db, pg_dsn, "--broker", "log") as process:
+    with start_relay(db, relay_dsn, "--broker", "log") as process:
         peak = await drain_and_measure(db, process, len(ids), timeout=120)
     print(f"\nlog: peak RSS {peak / 2**20:.0f} MiB")
     assert peak < PEAK_RSS_LIMIT, f"peak RSS {peak / 2**20:.0f} MiB"
@@ -450,7 +450,6 @@ def test_the_default_and_the_bounds_of_batch_bytes() -> None:
     ],
 )
 def test_relay_start_refuses_a_bad_batch_bytes_with_one_line_and_exit_2(
-    pg_dsn: str,
     relay_dsn: str,
     tmp_path: Path,
     args: list[str],

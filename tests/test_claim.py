@@ -22,12 +22,13 @@ async def claim(store: OutboxStore, owner: str, batch: int = 10, lease: timedelt
     return result.messages
 
 
-async def test_four_workers_claiming_seven_at_a_time_get_each_row_once(pg_dsn: str, db: Db, names: Any) -> None:
+async def test_four_workers_claiming_seven_at_a_time_get_each_row_once(relay_dsn: str, db: Db, names: Any) -> None:
     from psycopg_pool import AsyncConnectionPool
 
     # Each worker gets its own pool so the four claims really run on four connections at once.
     pools = [
-        AsyncConnectionPool(pg_dsn, min_size=1, max_size=1, open=False, kwargs={"autocommit": True}) for _ in range(4)
+        AsyncConnectionPool(relay_dsn, min_size=1, max_size=1, open=False, kwargs={"autocommit": True})
+        for _ in range(4)
     ]
     for p in pools:
         await p.open(wait=True)

@@ -115,19 +115,19 @@ def test_the_retired_commit_order_guard_still_starts_with_one_warning(
     assert err.count("is deprecated and has no effect") == 1, err
 
 
-def test_start_refuses_an_outbox_migrated_by_a_newer_release_or_not_fully(pg_dsn: str, db: Db) -> None:
+def test_start_refuses_an_outbox_migrated_by_a_newer_release_or_not_fully(pg_dsn: str, relay_dsn: str, db: Db) -> None:
     ledger = sql.Identifier(db.names.schema, "outbox_migrations")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("INSERT INTO {} VALUES (999, 'from_the_future')").format(ledger))
-        newer = run_relay("start", "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "log")
+        newer = run_relay("start", "--dsn", relay_dsn, "--schema", db.names.schema, "--broker", "log")
         assert_one_line_error(newer, "has migration 0999, newer than this relay knows", "upgrade outbox-relay")
         conn.execute(sql.SQL("DELETE FROM {} WHERE version IN (4, 999)").format(ledger))
-        older = run_relay("start", "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "log")
+        older = run_relay("start", "--dsn", relay_dsn, "--schema", db.names.schema, "--broker", "log")
         assert_one_line_error(older, "lacks migration 0004_aggregate_seq", "relay migrate")
 
 
-def test_start_refuses_an_outbox_that_was_never_migrated(pg_dsn: str) -> None:
-    proc = run_relay("start", "--dsn", pg_dsn, "--schema", "never_migrated_here", "--broker", "log")
+def test_start_refuses_an_outbox_that_was_never_migrated(relay_dsn: str) -> None:
+    proc = run_relay("start", "--dsn", relay_dsn, "--schema", "never_migrated_here", "--broker", "log")
     assert_one_line_error(proc, "never_migrated_here.outbox is not set up", "relay migrate")
 
 

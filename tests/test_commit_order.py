@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from adapters.memory import InMemoryPublisher
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
@@ -61,6 +62,13 @@ def relay_settings(pg_dsn: str, names: OutboxNames, **over: object) -> RelaySett
     )
     values.update(over)
     return RelaySettings.from_values(values)
+
+
+def with_options(dsn: str, **settings: str) -> str:
+    """``dsn`` whose sessions start with ``settings``, as a deployment's connection string
+    may set them (``options=-c name=value``; a space in a value is escaped for libpq)."""
+    escaped = {name: value.replace(" ", "\\ ") for name, value in settings.items()}
+    return make_conninfo(dsn, options=" ".join(f"-c {name}={value}" for name, value in escaped.items()))
 
 
 def seq_problems(delivered_first: list[OutboxMessage]) -> list[str]:
@@ -167,9 +175,9 @@ async def deliver(store: OutboxStore) -> list[OutboxMessage]:
 
 
 async def test_commits_the_relay_sees_apart_go_in_the_order_it_saw_them(
-    store: OutboxStore, names: OutboxNames, pg_dsn: str
+    store: OutboxStore, names: OutboxNames, producer_dsn: str
 ) -> None:
-    with psycopg.connect(pg_dsn) as t1, psycopg.connect(pg_dsn) as t2:
+    with psycopg.connect(producer_dsn) as t1, psycopg.connect(producer_dsn) as t2:
         early = _insert(t1, names)  # the lower id, committed last
         late = _insert(t2, names)
         t2.commit()
@@ -181,11 +189,11 @@ async def test_commits_the_relay_sees_apart_go_in_the_order_it_saw_them(
 
 
 async def test_commits_that_become_visible_together_go_in_commit_order(
-    store: OutboxStore, names: OutboxNames, pg_dsn: str
+    store: OutboxStore, names: OutboxNames, producer_dsn: str
 ) -> None:
     """No relay looks between the two commits, so both rows are new to the same ingest.
     The commit stamp, drawn at COMMIT, still tells which committed first."""
-    with psycopg.connect(pg_dsn) as t1, psycopg.connect(pg_dsn) as t2, psycopg.connect(pg_dsn) as t3:
+    with psycopg.connect(producer_dsn) as t1, psycopg.connect(producer_dsn) as t2, psycopg.connect(producer_dsn) as t3:
         a1 = _insert(t1, names)
         a2 = _insert(t2, names)
         a3 = _insert(t3, names)
@@ -202,6 +210,8 @@ async def test_a_transaction_left_open_holds_nothing_back(
     store: OutboxStore, db: Db, pg_dsn: str, elsewhere: str
 ) -> None:
     other = pg_dsn if elsewhere == "same database" else pg_dsn.rsplit("/", 1)[0] + "/postgres"
+    # Neither a producer nor a relay: any other session of the cluster (a batch job, a
+    # forgotten psql), here the superuser's, which may connect to the other database too.
     with psycopg.connect(other) as long_tx:
         long_tx.execute("CREATE TEMP TABLE held (x int)")
         long_tx.execute("INSERT INTO held VALUES (1)")  # it has written: it holds a transaction id
@@ -210,9 +220,9 @@ async def test_a_transaction_left_open_holds_nothing_back(
         long_tx.rollback()
 
 
-async def test_an_aborted_producer_transaction_leaves_no_gap(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+async def test_an_aborted_producer_transaction_leaves_no_gap(store: OutboxStore, db: Db, producer_dsn: str) -> None:
     [first] = db.insert([("a", "E", {})])
-    with psycopg.connect(pg_dsn) as aborted:
+    with psycopg.connect(producer_dsn) as aborted:
         _insert(aborted, db.names)
         _insert(aborted, db.names)
         aborted.rollback()
@@ -222,7 +232,7 @@ async def test_an_aborted_producer_transaction_leaves_no_gap(store: OutboxStore,
 
 
 async def test_one_insert_select_over_many_aggregates(store: OutboxStore, db: Db) -> None:
-    db.conn.execute(
+    db.producer.execute(
         sql.SQL(
             "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
             " SELECT 'order', 'agg-' || (g % 50), 'E', jsonb_build_object('g', g) FROM generate_series(1, 200) g"
@@ -239,19 +249,21 @@ async def test_one_insert_select_over_many_aggregates(store: OutboxStore, db: Db
 
 @pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
 async def test_producers_at_stricter_isolation_levels(
-    pg_dsn: str, names: OutboxNames, aggregates: list[str], isolation: str
+    producer_dsn: str, relay_dsn: str, names: OutboxNames, aggregates: list[str], isolation: str
 ) -> None:
-    dsn = f"{pg_dsn}?options=-c%20default_transaction_isolation%3D{isolation.replace(' ', '%5C%20')}"
-    with psycopg.connect(dsn) as check:
-        [(level,)] = check.execute("SHOW transaction_isolation").fetchall()
-        assert level == isolation
+    dsn = with_options(producer_dsn, default_transaction_isolation=isolation)
+    relay_dsn = with_options(relay_dsn, default_transaction_isolation=isolation)
+    for each in (dsn, relay_dsn):
+        with psycopg.connect(each) as check:
+            [(level,)] = check.execute("SHOW transaction_isolation").fetchall()
+            assert level == isolation
     log = CommitLog()
     # Serialization failures are possible only between transactions that conflict; with
     # the aggregate locked first, these do not, and every transaction commits or aborts
     # by the producers' own choice.
     producers = LockedProducers(dsn, names, aggregates, log, threads=3, seed=11)
     unlocked_log = CommitLog()
-    relay = RelayInThread(relay_settings(dsn, names))  # the relay's own sessions run READ COMMITTED
+    relay = RelayInThread(relay_settings(relay_dsn, names))  # the relay's own sessions run READ COMMITTED
 
     def produce() -> None:
         producers.run(20)
@@ -290,6 +302,8 @@ async def test_rows_written_with_the_triggers_off_are_numbered_by_transaction_th
 ) -> None:
     """A bulk load under session_replication_role = replica fires no trigger: no route, no
     stamp. Such rows are still numbered, once no stamped transaction waits."""
+    # As the superuser: setting session_replication_role takes superuser (or a SET grant on
+    # it), which is a DBA's bulk load, not a producer's.
     with psycopg.connect(pg_dsn) as loader:
         loader.execute("SET LOCAL session_replication_role = replica")
         ids = [_insert(loader, db.names) for _ in range(3)]
@@ -311,8 +325,8 @@ _step = st.one_of(
 
 
 @pytest.fixture
-def producer_conns(pg_dsn: str) -> Iterator[list[psycopg.Connection[Any]]]:
-    conns = [psycopg.connect(pg_dsn) for _ in range(_CONNS)]
+def producer_conns(producer_dsn: str) -> Iterator[list[psycopg.Connection[Any]]]:
+    conns = [psycopg.connect(producer_dsn) for _ in range(_CONNS)]
     yield conns
     for c in conns:
         c.close()
@@ -371,18 +385,19 @@ async def test_any_interleaving_is_delivered_in_commit_order_without_gaps(
 
 @pytest.mark.parametrize("plan", ["custom", "generic"])
 @pytest.mark.parametrize("stamped", [True, False])
-async def test_the_ingest_never_walks_the_history(db: Db, pg_dsn: str, stamped: bool, plan: str) -> None:
+async def test_the_ingest_never_walks_the_history(db: Db, relay_dsn: str, stamped: bool, plan: str) -> None:
     """Its plan reaches the outbox only through index conditions (the fresh index by
     transaction, the primary key by id), with or without committed transactions waiting,
     even when the statistics were taken while many rows still waited to be numbered."""
-    db.conn.execute(
+    db.producer.execute(
         sql.SQL(
             "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
             " SELECT 'order', 'x' || (g % 3000), 'E', '{{}}' FROM generate_series(1, 40000) g"
         ).format(db.table)
     )
+    # As the owner: ANALYZE takes ownership (autovacuum's own is the superuser's).
     db.conn.execute(sql.SQL("ANALYZE {}").format(db.table))  # as autovacuum might, mid-burst
-    async with await psycopg.AsyncConnection.connect(pg_dsn) as aconn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn) as aconn:
         await aconn.execute(db.names.render(named_queries()["ingest_lock"]))
         await aconn.execute(db.names.render(named_queries()["ingest"]), {"transactions": 5000})
         await aconn.commit()
@@ -390,7 +405,7 @@ async def test_the_ingest_never_walks_the_history(db: Db, pg_dsn: str, stamped: 
         for i in range(50):
             db.insert([(f"a{i}", "E", {})])
     plans = []
-    with psycopg.connect(pg_dsn) as conn:
+    with psycopg.connect(relay_dsn) as conn:  # EXPLAIN needs the privileges of the statement: the relay's
         conn.execute(db.names.render(named_queries()["ingest_plans"]))  # as OutboxStore._ingest does
         for name in ("ingest_lock", "ingest"):
             if plan == "custom":
@@ -423,10 +438,10 @@ def _walks(node: dict[str, Any]) -> bool:
     )
 
 
-async def test_the_relays_sessions_run_read_committed_without_jit(pg_dsn: str) -> None:
+async def test_the_relays_sessions_run_read_committed_without_jit(relay_dsn: str) -> None:
     """Whatever the database's defaults say: the ingest needs READ COMMITTED, and JIT
     compiling its short statements cost 70 ms each once their estimates grew."""
-    hostile = f"{pg_dsn}?options=-c%20default_transaction_isolation%3Dserializable%20-c%20jit%3Don"
+    hostile = with_options(relay_dsn, default_transaction_isolation="serializable", jit="on")
     pool = await open_pool(hostile, size=1)
     async with pool, pool.connection() as conn, conn.transaction():
         cur = await conn.execute("SELECT current_setting('transaction_isolation'), current_setting('jit')")

@@ -149,9 +149,9 @@ async def test_ingest_numbers_each_row_once(store: OutboxStore, db: Db, pool: An
     assert cur.fetchall() == [("a", 2), ("b", 1)]
 
 
-async def test_ingest_skips_while_another_relay_holds_its_turn(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+async def test_ingest_skips_while_another_relay_holds_its_turn(store: OutboxStore, db: Db, relay_dsn: str) -> None:
     [oid] = db.insert([("a", "E", {})])
-    with psycopg.connect(pg_dsn) as other:
+    with psycopg.connect(relay_dsn) as other:
         other.execute(sql.SQL("SELECT 1 FROM {} FOR UPDATE").format(sql.Identifier(db.names.schema, "outbox_ingest")))
         claim = await store.claim(owner="w", batch=5, lease=LEASE, max_attempts=3)
         assert claim.messages == [] and claim.numbered == 0  # no wait: the holder numbers it

@@ -117,8 +117,8 @@ async def hostile_outbox(make_store: MakeStore, db: Db) -> Db:
     return db
 
 
-def test_operator_commands_print_producer_data_escaped_one_row_per_row(hostile_outbox: Db, pg_dsn: str) -> None:
-    flags = target(pg_dsn, hostile_outbox)
+def test_operator_commands_print_producer_data_escaped_one_row_per_row(hostile_outbox: Db, relay_dsn: str) -> None:
+    flags = target(relay_dsn, hostile_outbox)
     dead, groups, status, explain = run_parallel(
         ["dead", "list", *flags],
         ["dead", "list", "--group", *flags],
@@ -140,8 +140,8 @@ def test_operator_commands_print_producer_data_escaped_one_row_per_row(hostile_o
     assert "relay:***@mq" in explain.stdout
 
 
-def test_dead_list_json_keeps_producer_data_exact_and_the_error_masked(hostile_outbox: Db, pg_dsn: str) -> None:
-    proc = run_relay("dead", "list", "--json", *target(pg_dsn, hostile_outbox))
+def test_dead_list_json_keeps_producer_data_exact_and_the_error_masked(hostile_outbox: Db, relay_dsn: str) -> None:
+    proc = run_relay("dead", "list", "--json", *target(relay_dsn, hostile_outbox))
     assert proc.returncode == 0, proc.stderr
     assert "\\u001b[2J" in proc.stdout  # JSON's own escape of the producer's ESC
     assert_no_secret(proc)

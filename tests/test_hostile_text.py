@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any
 
 import psycopg
 import pytest
@@ -27,6 +26,7 @@ from relay import dsn as dsn_module
 from relay import logs
 from relay.dsn import describe_dsn, describe_url, mask, remember_secrets, url_problem
 from relay.errors import ConfigError, PermanentError, RetryableError
+from relay.grants import Grantee, grant
 from relay.message import OutboxMessage
 from relay.migrate import migrate
 from relay.ops.deadletters import group_messages
@@ -38,7 +38,7 @@ from relay.ordering import OrderingMap
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from relay.textsafe import clip, escape
-from tests.conftest import Db
+from tests.conftest import Db, Roles
 from tests.helpers import make_worker
 from tests.ops_helpers import run_until
 
@@ -432,25 +432,32 @@ def names_at_0004(outbox_at: Callable[[int], OutboxNames]) -> OutboxNames:
 
 
 async def test_rows_longer_than_the_limit_written_before_0005_are_still_delivered(
-    pg_dsn: str, names_at_0004: OutboxNames, owner_pool: AsyncConnectionPool[Any]
+    pg_dsn: str, names_at_0004: OutboxNames, roles: Roles
 ) -> None:
     """The limit binds producers' inserts only: long (compressible) ordered ids already in
     the table before the upgrade pass through the relay's own updates after it (numbered
     by the ingest, claimed, retried, claimed again, finished)."""
     names = names_at_0004
+    # Before the upgrade the owner writes: this release's grants do not fit a 0004 schema.
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        db = Db(conn, names)
-        retried = _insert_one(db, "n" * 5000)
-        fresh = _insert_one(db, "f" * 5000)
+        retried = _insert_one(Db(conn, names), "n" * 5000)
+        fresh = _insert_one(Db(conn, names), "f" * 5000)
         async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as aconn:
             await migrate(aconn, names)
+            await grant(aconn, names, [Grantee("producer", roles.producer), Grantee("relay", roles.relay)])
+    with (
+        psycopg.connect(pg_dsn, autocommit=True) as conn,
+        psycopg.connect(roles.producer_dsn, autocommit=True) as producer,
+    ):
+        db = Db(conn, names, producer)
         with pytest.raises(psycopg.errors.CheckViolation):
             _insert_one(db, "g" * 5000)
-        store = OutboxStore(owner_pool, names)  # the migrations' default map: every type ordered
-        worker, publisher = make_worker(store, lambda m: RetryableError("later"), max_attempts=10)
-        await run_until(worker, lambda: db.row(retried)["attempts"] >= 1)  # numbered, claimed, retried
-        assert db.row(retried)["aggregate_seq"] == 1
-        db.conn.execute(sql.SQL("UPDATE {} SET available_at = now() WHERE id = %s").format(db.table), (retried,))
-        worker, publisher = make_worker(store, publisher=type(publisher)())
-        await run_until(worker, lambda: db.statuses() == {"done": 2})
+        async with AsyncConnectionPool(roles.relay_dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+            store = OutboxStore(pool, names)  # the migrations' default map: every type ordered
+            worker, publisher = make_worker(store, lambda m: RetryableError("later"), max_attempts=10)
+            await run_until(worker, lambda: db.row(retried)["attempts"] >= 1)  # numbered, claimed, retried
+            assert db.row(retried)["aggregate_seq"] == 1
+            db.conn.execute(sql.SQL("UPDATE {} SET available_at = now() WHERE id = %s").format(db.table), (retried,))
+            worker, publisher = make_worker(store, publisher=type(publisher)())
+            await run_until(worker, lambda: db.statuses() == {"done": 2})
         assert sorted(publisher.delivered_ids()) == [retried, fresh]

@@ -74,7 +74,7 @@ async def make_dead(store: OutboxStore, db: Db) -> dict[str, list[int]]:
     return {"o1": o1, "o2": o2, "o3": o3, "mail": mail}
 
 
-async def test_list_filters_and_groups(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+async def test_list_filters_and_groups(store: OutboxStore, db: Db, relay_dsn: str) -> None:
     dead = await make_dead(store, db)
     heads = [dead["o1"][0], dead["o2"][0], dead["o3"][0], dead["mail"][0]]
     now = datetime.now(UTC)
@@ -88,13 +88,13 @@ async def test_list_filters_and_groups(store: OutboxStore, db: Db, pg_dsn: str) 
         (DeadFilter(created_before=now - timedelta(hours=1)), []),
         (DeadFilter(created_after=now - timedelta(hours=1), event_types=("EmailQueued",)), [dead["mail"][0]]),
     ]
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         for flt, expected in filters:
             assert [m.id for m in (await list_dead(conn, db.names, flt)).messages] == expected, flt
         page = await list_dead(conn, db.names, DeadFilter(), limit=1)
         assert len(page.messages) == 1 and page.total == 4
 
-    t = target(pg_dsn, db)
+    t = target(relay_dsn, db)
     as_json, grouped_json, text, table, some, empty = run_parallel(
         ["dead", "list", *t, "--json"],
         ["dead", "list", *t, "--group", "--json"],
@@ -133,8 +133,8 @@ def test_selection_rules() -> None:
     assert _selection(("41", "42"), None, False, {}) == ([41, 42], DeadFilter(), None)
 
 
-async def test_bad_input_through_the_console_script(store: OutboxStore, db: Db, pg_dsn: str) -> None:
-    t = target(pg_dsn, db)
+async def test_bad_input_through_the_console_script(store: OutboxStore, db: Db, relay_dsn: str) -> None:
+    t = target(relay_dsn, db)
     cases = [
         (["list", "--newer-than", "last tuesday"], "invalid --newer-than"),
         (["list", "--newer-than", "1h", "--older-than", "2h"], "leave no time between them"),
@@ -148,7 +148,9 @@ async def test_bad_input_through_the_console_script(store: OutboxStore, db: Db, 
         assert_one_line_error(proc, needle)
 
 
-async def test_redrive_of_a_dead_head_resumes_its_aggregate_in_order(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+async def test_redrive_of_a_dead_head_resumes_its_aggregate_in_order(
+    store: OutboxStore, db: Db, relay_dsn: str
+) -> None:
     ids = db.insert([("a", "OrderPlaced", {"n": i}) for i in range(4)])
     first_try = {ids[0]}
 
@@ -160,7 +162,7 @@ async def test_redrive_of_a_dead_head_resumes_its_aggregate_in_order(store: Outb
     for _ in range(3):
         await worker.run_once()
     assert pub.delivered_ids() == []  # the rows behind the dead head wait
-    t = target(pg_dsn, db)
+    t = target(relay_dsn, db)
 
     dry = run_relay("dead", "retry", str(ids[0]), *t, "--dry-run")
     assert dry.returncode == 0, dry.stderr
@@ -188,14 +190,14 @@ async def test_redrive_of_a_dead_head_resumes_its_aggregate_in_order(store: Outb
     assert f"outbox_id={ids[0]}" in proc.stderr and "aggregate_id=a" in proc.stderr and "lease_version=" in proc.stderr
 
 
-async def test_skip_unblocks_the_aggregate(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+async def test_skip_unblocks_the_aggregate(store: OutboxStore, db: Db, relay_dsn: str) -> None:
     ids = db.insert([("a", "OrderPlaced", {}), ("a", "OrderPaid", {}), ("a", "OrderShipped", {})])
     worker, pub = make_worker(store, lambda m: PermanentError("poison") if m.id == ids[0] else None)
     await run_until(worker, lambda: db.row(ids[0])["status"] == "dead")
     for _ in range(3):
         await worker.run_once()
     assert pub.delivered_ids() == []
-    t = target(pg_dsn, db)
+    t = target(relay_dsn, db)
 
     assert_one_line_error(run_relay("dead", "skip", str(ids[0]), *t), "needs --reason")
     dry = run_relay("dead", "skip", str(ids[0]), *t, "--reason", "duplicate", "--dry-run")
@@ -214,10 +216,10 @@ async def test_skip_unblocks_the_aggregate(store: OutboxStore, db: Db, pg_dsn: s
 
 
 async def test_writes_refuse_unknown_and_not_dead_ids_and_change_nothing(
-    store: OutboxStore, db: Db, pg_dsn: str
+    store: OutboxStore, db: Db, relay_dsn: str
 ) -> None:
     dead = await make_dead(store, db)
-    t = target(pg_dsn, db)
+    t = target(relay_dsn, db)
     behind = dead["o1"][1]  # pending behind the dead head
     before = db.rows()
     ids = [str(dead["o1"][0]), str(behind), "999999"]
@@ -230,10 +232,10 @@ async def test_writes_refuse_unknown_and_not_dead_ids_and_change_nothing(
     assert db.rows() == before
 
 
-async def test_retry_and_skip_by_group_filter_and_all(store: OutboxStore, db: Db, pg_dsn: str) -> None:
+async def test_retry_and_skip_by_group_filter_and_all(store: OutboxStore, db: Db, relay_dsn: str) -> None:
     dead = await make_dead(store, db)
-    t = target(pg_dsn, db)
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    t = target(relay_dsn, db)
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         [too_large, *_] = await group_dead(conn, db.names, DeadFilter())
     dry = relay_json("dead", "retry", "--group", too_large.key, *t, "--dry-run")
     assert [c["id"] for c in dry["changed"]] == [dead["o1"][0], dead["o2"][0]] and dry["dry_run"] is True

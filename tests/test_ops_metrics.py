@@ -122,11 +122,11 @@ def test_event_type_labels_are_bounded() -> None:
     )
 
 
-async def test_refresh_gauges_reads_the_outbox(make_store: MakeStore, db: Db, pg_dsn: str) -> None:
+async def test_refresh_gauges_reads_the_outbox(make_store: MakeStore, db: Db, relay_dsn: str) -> None:
     store = await make_store(OrderingMap(default_ordered=True, unordered=("Email*",)))
     await build_scene(store, db)
     m = RelayMetrics()
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         summary = await m.refresh_gauges(conn, db.names)
 
     def value(name: str, **labels: str) -> float | None:
@@ -180,16 +180,16 @@ async def fetch(url: str, method: str = "GET", accept: str | None = None) -> tup
 
 
 async def test_metrics_endpoint_serves_the_named_series(
-    endpoint_for: Callable[[ReadyCheck], Awaitable[Endpoint]], names: OutboxNames, pg_dsn: str
+    endpoint_for: Callable[[ReadyCheck], Awaitable[Endpoint]], names: OutboxNames, relay_dsn: str
 ) -> None:
-    ep = await endpoint_for(database_check(pg_dsn, names))
+    ep = await endpoint_for(database_check(relay_dsn, names))
     ep.metrics.messages("OrderPaid", "published")
     ep.metrics.failure("OrderPaid", "retryable")
     ep.metrics.lost_lease()
     ep.metrics.reaped()
     ep.metrics.observe_claim(0.01)
     ep.metrics.observe_publish(0.1)
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         await ep.metrics.refresh_gauges(conn, names)
 
     status, content_type, body = await fetch(ep.url + "/metrics")
@@ -225,10 +225,10 @@ async def test_readyz_fails_when_the_database_is_unreachable(
 
 async def test_readyz_fails_on_a_missing_table_a_slow_check_and_a_crashing_one(
     endpoint_for: Callable[[ReadyCheck], Awaitable[Endpoint]],
-    pg_dsn: str,
+    relay_dsn: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    missing = await endpoint_for(database_check(pg_dsn, OutboxNames(schema="no_such_schema_here")))
+    missing = await endpoint_for(database_check(relay_dsn, OutboxNames(schema="no_such_schema_here")))
     status, _, body = await fetch(missing.url + "/readyz")
     assert status == 503 and "UndefinedTable" in body
 

@@ -43,9 +43,9 @@ def arrange(db: Db) -> list[int]:
     return ids
 
 
-async def test_prune_deletes_old_done_rows_in_batches_and_stops_early(db: Db, pg_dsn: str) -> None:
+async def test_prune_deletes_old_done_rows_in_batches_and_stops_early(db: Db, relay_dsn: str) -> None:
     ids = arrange(db)
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         dry = await prune(conn, db.names, timedelta(days=7), batch=5, dry_run=True)
         assert (dry.done, dry.dead, dry.batches, dry.dry_run) == (20, 0, 7, True)
         assert len(db.rows()) == 40  # a dry run deletes nothing
@@ -78,7 +78,7 @@ async def test_prune_deletes_old_done_rows_in_batches_and_stops_early(db: Db, pg
             await prune(conn, db.names, timedelta(days=1), batch=0)
 
 
-async def test_prune_keeps_a_dead_row_redriven_while_it_ran(db: Db, pg_dsn: str) -> None:
+async def test_prune_keeps_a_dead_row_redriven_while_it_ran(db: Db, relay_dsn: str) -> None:
     """The delete re-checks each row as it is once its lock is free: a dead row re-driven
     by a transaction that commits while prune waits for it is kept."""
     [oid] = db.insert([("a", "OrderPlaced", {})])
@@ -89,8 +89,8 @@ async def test_prune_keeps_a_dead_row_redriven_while_it_ran(db: Db, pg_dsn: str)
         (oid,),
     )
     async with (
-        await psycopg.AsyncConnection.connect(pg_dsn) as operator,
-        await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn,
+        await psycopg.AsyncConnection.connect(relay_dsn) as operator,
+        await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn,
     ):
         await operator.execute(
             sql.SQL("UPDATE {} SET status = 'pending' WHERE id = %s").format(db.table), (oid,)
@@ -104,9 +104,9 @@ async def test_prune_keeps_a_dead_row_redriven_while_it_ran(db: Db, pg_dsn: str)
     assert db.row(oid)["status"] == "pending"
 
 
-def test_prune_cli(db: Db, pg_dsn: str) -> None:
+def test_prune_cli(db: Db, relay_dsn: str) -> None:
     ids = arrange(db)
-    t = target(pg_dsn, db)
+    t = target(relay_dsn, db)
     dry, missing, bad, chunk = run_parallel(
         ["prune", *t, "--older-than", "7d", "--chunk-size", "5", "--dry-run"],
         ["prune", *t],

@@ -48,9 +48,11 @@ def commands(schema: str, dead_id: int) -> list[list[str]]:
     ]
 
 
-async def test_no_password_in_any_output_when_the_database_answers(make_store: MakeStore, db: Db, pg_dsn: str) -> None:
+async def test_no_password_in_any_output_when_the_database_answers(
+    make_store: MakeStore, db: Db, relay_dsn: str
+) -> None:
     scene = await build_scene(await make_store(OrderingMap(default_ordered=True, unordered=("Email*",))), db)
-    keywords, url = with_password(pg_dsn)
+    keywords, url = with_password(relay_dsn)
     every = commands(db.names.schema, scene.a[0])
     debug = ["--schema", db.names.schema, "--log-level", "debug"]
     runs = [[*c, "--dsn", keywords, *debug, "--log-format", "json"] for c in every]

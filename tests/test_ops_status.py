@@ -69,9 +69,9 @@ async def test_migration_0003_adds_the_dead_index_and_the_resolution_columns(pg_
 
 
 async def test_status_counts_ages_attempts_and_blocked_aggregates(
-    scene_store: OutboxStore, scene: Scene, db: Db, pg_dsn: str
+    scene_store: OutboxStore, scene: Scene, db: Db, relay_dsn: str
 ) -> None:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         status = await read_status(conn, db.names, by_event_type=True)
     s = status.summary
     assert (s.pending_ordered, s.pending_unordered, s.processing, s.expired_leases, s.dead) == (4, 2, 2, 1, 1)
@@ -88,13 +88,13 @@ async def test_status_counts_ages_attempts_and_blocked_aggregates(
     assert by_type["EmailQueued"].pending == 2
 
 
-async def test_status_cli_text_json_and_event_types(scene: Scene, db: Db, pg_dsn: str) -> None:
-    out = relay_json("status", *target(pg_dsn, db), "--by-event-type")
+async def test_status_cli_text_json_and_event_types(scene: Scene, db: Db, relay_dsn: str) -> None:
+    out = relay_json("status", *target(relay_dsn, db), "--by-event-type")
     assert out["summary"]["pending"] == 6 and out["summary"]["dead"] == 1
     assert out["summary"]["blocked_aggregates"] == 1
     assert "done_estimate" in out["summary"]
     assert {e["event_type"] for e in out["by_event_type"]} == {"OrderPlaced", "OrderPaid", "EmailQueued"}
-    proc = run_relay("status", *target(pg_dsn, db))
+    proc = run_relay("status", *target(relay_dsn, db))
     assert proc.returncode == 0, proc.stderr
     assert "expired leases 1" in proc.stdout
     assert "done (est.)" in proc.stdout and "estimate from table statistics" in proc.stdout
@@ -102,7 +102,7 @@ async def test_status_cli_text_json_and_event_types(scene: Scene, db: Db, pg_dsn
     assert "EVENT TYPE" not in proc.stdout  # the breakdown only on request
 
 
-def test_status_watch_redraws_in_place_until_ctrl_c(pg_dsn: str, relay_dsn: str, names: OutboxNames) -> None:
+def test_status_watch_redraws_in_place_until_ctrl_c(relay_dsn: str, names: OutboxNames) -> None:
     # On a terminal (a pty here) it clears and redraws; Ctrl-C ends it with exit code 0.
     primary, secondary = pty.openpty()
     proc = subprocess.Popen(
@@ -131,7 +131,7 @@ def test_status_watch_redraws_in_place_until_ctrl_c(pg_dsn: str, relay_dsn: str,
     assert b"Traceback" not in err
 
 
-def test_status_watch_piped_prints_one_frame_after_another(pg_dsn: str, relay_dsn: str, names: OutboxNames) -> None:
+def test_status_watch_piped_prints_one_frame_after_another(relay_dsn: str, names: OutboxNames) -> None:
     proc = subprocess.Popen(
         [RELAY, "status", "--dsn", relay_dsn, "--schema", names.schema, "--watch", "--interval", "200ms", "--json"],
         stdout=subprocess.PIPE,
@@ -147,7 +147,7 @@ def test_status_watch_piped_prints_one_frame_after_another(pg_dsn: str, relay_ds
     assert all(f["summary"]["pending"] == 0 for f in frames)
 
 
-async def test_status_queries_never_scan_the_table(names: OutboxNames, pg_dsn: str, db: Db) -> None:
+async def test_status_queries_never_scan_the_table(names: OutboxNames, relay_dsn: str, db: Db) -> None:
     """On a table whose bulk is done rows, every status, gauge and explain query reaches the
     outbox only through indexes (a seq scan would read the whole history)."""
     db.conn.execute(
@@ -177,7 +177,7 @@ async def test_status_queries_never_scan_the_table(names: OutboxNames, pg_dsn: s
         "explain_unordered",
         "dead_list",
     ]
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         for name in queries:
             cur = await conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + ops_query(names, name), params)
             row = await cur.fetchone()
@@ -193,8 +193,8 @@ def _seq_scans(plan: dict[str, Any]) -> list[str]:
     return found
 
 
-async def test_explain_tells_each_state_apart(scene_store: OutboxStore, scene: Scene, db: Db, pg_dsn: str) -> None:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+async def test_explain_tells_each_state_apart(scene_store: OutboxStore, scene: Scene, db: Db, relay_dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         blocked = await explain(conn, db.names, "a")
         assert blocked.state == "blocked"
         assert blocked.head is not None and blocked.head.id == scene.a[0] and blocked.head.status == "dead"
@@ -237,30 +237,30 @@ async def test_explain_tells_each_state_apart(scene_store: OutboxStore, scene: S
             await explain(conn, db.names, "nope")
 
 
-async def test_explain_cli_text_json_and_unknown_aggregate(scene: Scene, db: Db, pg_dsn: str) -> None:
-    proc = run_relay("explain", "a", *target(pg_dsn, db))
+async def test_explain_cli_text_json_and_unknown_aggregate(scene: Scene, db: Db, relay_dsn: str) -> None:
+    proc = run_relay("explain", "a", *target(relay_dsn, db))
     assert proc.returncode == 0, proc.stderr
     assert "aggregate 'a' in" in proc.stdout and "BLOCKED" in proc.stdout
     assert f"#{scene.a[0]}" in proc.stdout and "2 ordered messages" in proc.stdout
     assert f"relay dead retry {scene.a[0]} --schema {db.names.schema}" in proc.stdout
-    out = relay_json("explain", "b", *target(pg_dsn, db))
+    out = relay_json("explain", "b", *target(relay_dsn, db))
     assert out["state"] == "in_flight" and out["head"]["id"] == scene.b[0] and out["waiting_behind"] == 1
-    assert_one_line_error(run_relay("explain", "no-such-aggregate", *target(pg_dsn, db)), "not found")
+    assert_one_line_error(run_relay("explain", "no-such-aggregate", *target(relay_dsn, db)), "not found")
 
 
-def test_commands_refuse_an_outbox_without_the_ops_migration(pg_dsn: str, relay_dsn: str, db: Db) -> None:
+def test_commands_refuse_an_outbox_without_the_ops_migration(relay_dsn: str, db: Db) -> None:
     db.conn.execute(
         sql.SQL("DELETE FROM {} WHERE version = 3").format(sql.Identifier(db.names.schema, "outbox_migrations"))
     )
-    assert_one_line_error(run_relay("status", *target(pg_dsn, db)), "lacks migration 0003_ops", "relay migrate")
+    assert_one_line_error(run_relay("status", *target(relay_dsn, db)), "lacks migration 0003_ops", "relay migrate")
     assert_one_line_error(
         run_relay("status", "--dsn", relay_dsn, "--schema", "never_migrated"), "never_migrated.outbox is not set up"
     )
 
 
-def test_status_bad_input(pg_dsn: str, relay_dsn: str, db: Db) -> None:
-    assert_one_line_error(run_relay("status", *target(pg_dsn, db), "--interval", "soon"), "invalid --interval")
-    assert_one_line_error(run_relay("status", *target(pg_dsn, db), "--interval", "0s"), "invalid --interval")
+def test_status_bad_input(relay_dsn: str, db: Db) -> None:
+    assert_one_line_error(run_relay("status", *target(relay_dsn, db), "--interval", "soon"), "invalid --interval")
+    assert_one_line_error(run_relay("status", *target(relay_dsn, db), "--interval", "0s"), "invalid --interval")
     assert_one_line_error(run_relay("status"), "no database given")
     assert_one_line_error(run_relay("status", "--dsn", relay_dsn, "--table", "Bad-Name"), "invalid table name")
 
@@ -278,17 +278,17 @@ def test_status_bad_input(pg_dsn: str, relay_dsn: str, db: Db) -> None:
     ],
 )
 async def test_status_shows_who_producers_would_wake(
-    pg_dsn: str, db: Db, rows: list[tuple[str, bool, str]], expected: WakeupStatus, text: str
+    relay_dsn: str, db: Db, rows: list[tuple[str, bool, str]], expected: WakeupStatus, text: str
 ) -> None:
     record_listeners(db.conn, db.names, rows)
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         status = await read_status(conn, db.names)
     assert status.wakeups == expected
-    proc = run_relay("status", *target(pg_dsn, db))
+    proc = run_relay("status", *target(relay_dsn, db))
     assert proc.returncode == 0, proc.stderr
     assert f"wake-ups       {expected.listening}" in proc.stdout or not expected.listening
     assert text in proc.stdout
-    assert relay_json("status", *target(pg_dsn, db))["wakeups"] == {
+    assert relay_json("status", *target(relay_dsn, db))["wakeups"] == {
         "listening": expected.listening,
         "idle": expected.idle,
         "producers_notify": expected.producers_notify,

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
@@ -325,7 +326,7 @@ def test_bad_selectors_and_an_empty_selection_are_one_line_and_exit_2(
 
 
 async def test_a_message_that_cannot_be_replayed_is_named_with_a_resume_command_that_shows_no_password(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit
+    relay_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit
 ) -> None:
     ids = db.insert([("a", "OrderPlaced", {"big": "x" * 200}), ("a", "OrderPaid", {}), ("b", "OrderPlaced", {})])
     db.conn.execute(f"UPDATE {names.schema}.{names.table} SET status = 'done', attempts = 1")
@@ -333,8 +334,11 @@ async def test_a_message_that_cannot_be_replayed_is_named_with_a_resume_command_
     queue = await rabbit.queue()
     # Passwords on the command line, in the DSN (trust authentication ignores it) and in
     # the AMQP URL; the first message is larger than the broker is said to take.
-    dsn = pg_dsn.replace("postgres@", "postgres:dsn-pw-1@", 1)
-    assert dsn != pg_dsn
+    given = conninfo_to_dict(relay_dsn)
+    user = str(given["user"])
+    dsn = (
+        f"postgresql://{user}:dsn-pw-1@{given.get('host') or '127.0.0.1'}:{given.get('port') or 5432}/{given['dbname']}"
+    )
     url = rabbit.amqp.url
     proc = run_relay(
         "replay", "--dsn", dsn, "--schema", names.schema, "--broker", "rabbitmq", "--amqp-url", url,
@@ -347,7 +351,7 @@ async def test_a_message_that_cannot_be_replayed_is_named_with_a_resume_command_
     assert f"not replayed: {ids[0]}" in out
     command = out.strip().splitlines()[-1].strip()
     assert command.startswith(f"relay replay --from-id {ids[0]} "), out
-    assert "dsn-pw-1" not in out + proc.stderr and "postgres:***@" in command
+    assert "dsn-pw-1" not in out + proc.stderr and f"{user}:***@" in command
     password = url.split("@")[0].rsplit(":", 1)[1]
     assert f":{password}@" not in out + proc.stderr
     assert "passwords are shown as ***" in out

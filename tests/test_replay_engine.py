@@ -88,8 +88,9 @@ def history(db: Db, aggregates: int, per_aggregate: int, rng: random.Random) -> 
 
 
 @pytest.fixture
-async def conn(pg_dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as c:
+async def conn(relay_dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """The replay's session, as `relay replay` opens it: the relay role's."""
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as c:
         await configure_session(c)
         yield c
 
@@ -352,7 +353,7 @@ async def test_with_tracing_each_replayed_message_gets_a_span_marked_as_the_repl
 
 
 async def test_a_lost_database_stops_the_replay_with_a_resume_point_that_covers_the_rest(
-    conn: psycopg.AsyncConnection[Any], names: OutboxNames, db: Db
+    conn: psycopg.AsyncConnection[Any], names: OutboxNames, db: Db, relay_dsn: str
 ) -> None:
     expected = history(db, aggregates=10, per_aggregate=40, rng=random.Random(13))
     pid = conn.info.backend_pid
@@ -373,7 +374,7 @@ async def test_a_lost_database_stops_the_replay_with_a_resume_point_that_covers_
     delivered = set(publisher.delivered_ids())
     assert {i for i in selected if i < report.resume_from} <= delivered
     assert len(delivered) < len(selected)
-    async with await psycopg.AsyncConnection.connect(db.conn.info.dsn, autocommit=True) as again_conn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as again_conn:
         await configure_session(again_conn)
         again = InMemoryPublisher()
         report2 = await replay(again_conn, names, again, Selection(from_id=report.resume_from))

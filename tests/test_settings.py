@@ -49,11 +49,11 @@ def stored(db: Db) -> tuple[bool, list[str], list[str], list[str], list[str], bo
 DEFAULTS = (True, [], [], [], [], True)
 
 
-def run_start_until_done(db: Db, pg_dsn: str, *args: str, rows: int, env: dict[str, str] | None = None) -> str:
+def run_start_until_done(db: Db, relay_dsn: str, *args: str, rows: int, env: dict[str, str] | None = None) -> str:
     """`relay start` (log broker) until ``rows`` rows are done, then SIGTERM; its stderr."""
     with RelayProcess(
         "start", "--schema", db.names.schema, "--broker", "log", "--poll-interval", "100ms", *args,
-        env=env or relay_env(RELAY_DSN=pg_dsn),
+        env=env or relay_env(RELAY_DSN=relay_dsn),
     ) as proc:  # fmt: skip
         try:
             wait_until(lambda: db.statuses().get("done", 0) >= rows or not proc.running(), timeout=30, interval=0.05)
@@ -72,11 +72,11 @@ def warnings_in(err: str) -> list[str]:
 # ---- relay start reads, never writes
 
 
-def test_start_no_notify_leaves_the_stored_notify_on_and_says_so(pg_dsn: str, db: Db) -> None:
+def test_start_no_notify_leaves_the_stored_notify_on_and_says_so(relay_dsn: str, db: Db) -> None:
     """The reproduction: a one-off `relay start --no-notify` used to switch wake-ups off for
     every relay and for the producers' trigger, silently, and leave them off after it exited."""
     db.insert([("a", "E", {})])
-    err = run_start_until_done(db, pg_dsn, "--no-notify", rows=1)
+    err = run_start_until_done(db, relay_dsn, "--no-notify", rows=1)
     assert stored(db) == DEFAULTS  # notify still true: the fleet keeps its wake-ups
     [warning] = warnings_in(err)
     assert "--no-notify: this relay does not LISTEN" in warning
@@ -85,10 +85,10 @@ def test_start_no_notify_leaves_the_stored_notify_on_and_says_so(pg_dsn: str, db
     assert "wake-ups off (polling every 0.1s)" in err
 
 
-def test_start_ordering_flags_that_differ_warn_and_change_nothing(pg_dsn: str, db: Db) -> None:
+def test_start_ordering_flags_that_differ_warn_and_change_nothing(relay_dsn: str, db: Db) -> None:
     db.insert([("a", "OrderPlaced", {}), ("a", "EmailSent", {})])
     err = run_start_until_done(
-        db, pg_dsn, "--ordering-default", "unordered", "--ordered", "Order*", "--unordered", "Email*", rows=2
+        db, relay_dsn, "--ordering-default", "unordered", "--ordered", "Order*", "--unordered", "Email*", rows=2
     )
     assert stored(db) == DEFAULTS  # the stored map is the one migrate made: everything ordered
     lines = warnings_in(err)
@@ -104,12 +104,12 @@ def test_start_ordering_flags_that_differ_warn_and_change_nothing(pg_dsn: str, d
     assert [r["ordered"] for r in db.rows()] == [True, True]
 
 
-def test_start_names_where_a_differing_setting_came_from(pg_dsn: str, relay_dsn: str, db: Db, tmp_path: Path) -> None:
+def test_start_names_where_a_differing_setting_came_from(relay_dsn: str, db: Db, tmp_path: Path) -> None:
     config = tmp_path / "relay.toml"
     config.write_text('[ordering]\nunordered = ["Email*"]\n')
     db.insert([("a", "E", {})])
     env = relay_env(RELAY_DSN=relay_dsn, RELAY_ORDERING_DEFAULT="unordered", RELAY_NOTIFY="true")
-    err = run_start_until_done(db, pg_dsn, "--config", str(config), rows=1, env=env)
+    err = run_start_until_done(db, relay_dsn, "--config", str(config), rows=1, env=env)
     lines = warnings_in(err)
     assert len(lines) == 2, lines  # RELAY_NOTIFY=true agrees with the stored notify
     assert "RELAY_ORDERING_DEFAULT unordered differs from the stored ordering default ordered" in err
@@ -117,13 +117,13 @@ def test_start_names_where_a_differing_setting_came_from(pg_dsn: str, relay_dsn:
     assert stored(db) == DEFAULTS
 
 
-def test_start_whose_flags_agree_with_the_stored_settings_warns_about_nothing(pg_dsn: str, db: Db) -> None:
-    t = target(pg_dsn, db)
+def test_start_whose_flags_agree_with_the_stored_settings_warns_about_nothing(relay_dsn: str, db: Db) -> None:
+    t = target(relay_dsn, db)
     proc = run_relay("settings", "set", *t, "--ordering-default", "unordered", "--ordered", "Order*", "--no-notify")
     assert proc.returncode == 0, proc.stderr
     db.insert([("a", "OrderPlaced", {}), ("a", "EmailSent", {})])
     # The same rules in another order, and the same notify: nothing disagrees.
-    err = run_start_until_done(db, pg_dsn, "--ordered", "Order*", "--ordering-default", "unordered", "--no-notify",
+    err = run_start_until_done(db, relay_dsn, "--ordered", "Order*", "--ordering-default", "unordered", "--no-notify",
                                rows=2)  # fmt: skip
     assert warnings_in(err) == []
     assert "wake-ups off" in err
@@ -131,9 +131,9 @@ def test_start_whose_flags_agree_with_the_stored_settings_warns_about_nothing(pg
 
 
 async def test_a_relay_does_not_listen_while_the_stored_notify_is_off(
-    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, caplog: pytest.LogCaptureFixture
+    relay_dsn: str, names: OutboxNames, db: Db, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         await update_settings(conn, names, SettingsUpdate(notify=False))
         # An idle relay, as its row says (relay.wakeup.Presence): even so the producers'
         # trigger sends nothing now.
@@ -226,8 +226,8 @@ def test_an_update_changes_only_what_it_names_and_keeps_the_map_valid() -> None:
 # ---- relay settings, relay migrate, relay status
 
 
-def test_settings_set_changes_only_what_it_is_given_and_prints_old_and_new(pg_dsn: str, db: Db) -> None:
-    t = target(pg_dsn, db)
+def test_settings_set_changes_only_what_it_is_given_and_prints_old_and_new(relay_dsn: str, db: Db) -> None:
+    t = target(relay_dsn, db)
     shown = run_relay("settings", "show", *t)
     assert shown.returncode == 0, shown.stderr
     assert "ordering default  ordered" in shown.stdout and "notify            true" in shown.stdout
@@ -243,7 +243,7 @@ def test_settings_set_changes_only_what_it_is_given_and_prints_old_and_new(pg_ds
     assert "ordered           [] -> ['Order*']" in proc.stdout
     assert "notify            true -> false" in proc.stdout
     assert "unordered " not in proc.stdout  # not given, not changed
-    assert "changed by" in proc.stderr and "notify" in proc.stderr and pg_dsn not in proc.stderr
+    assert "changed by" in proc.stderr and "notify" in proc.stderr and relay_dsn not in proc.stderr
     assert stored(db) == (False, [], [], ["^Order.*$"], [], False)
 
     again = run_relay("settings", "set", *t, "--unordered", "Email*")
@@ -265,8 +265,8 @@ def test_settings_set_changes_only_what_it_is_given_and_prints_old_and_new(pg_ds
     assert as_json["updated_at"]
 
 
-def test_settings_set_refuses_bad_requests_with_one_line(pg_dsn: str, db: Db) -> None:
-    t = target(pg_dsn, db)
+def test_settings_set_refuses_bad_requests_with_one_line(relay_dsn: str, db: Db) -> None:
+    t = target(relay_dsn, db)
     assert_one_line_error(run_relay("settings", "set", *t), "say what to change")
     assert_one_line_error(
         run_relay("settings", "set", *t, "--ordered", "X", "--unordered", "X"), "'X' is listed as both"
@@ -275,7 +275,7 @@ def test_settings_set_refuses_bad_requests_with_one_line(pg_dsn: str, db: Db) ->
     assert stored(db) == DEFAULTS
 
 
-def test_migrate_stores_notify_when_asked_and_prints_old_and_new(pg_dsn: str, relay_dsn: str, db: Db) -> None:
+def test_migrate_stores_notify_when_asked_and_prints_old_and_new(relay_dsn: str, db: Db) -> None:
     proc = run_relay("migrate", "--dsn", relay_dsn, "--schema", db.names.schema, "--no-notify")
     assert proc.returncode == 0, proc.stderr
     assert "notify  true -> false" in proc.stdout
@@ -285,8 +285,8 @@ def test_migrate_stores_notify_when_asked_and_prints_old_and_new(pg_dsn: str, re
     assert stored(db) == (False, [], [], [], [], False)  # notify left as it was
 
 
-def test_status_shows_the_stored_settings(pg_dsn: str, db: Db) -> None:
-    t = target(pg_dsn, db)
+def test_status_shows_the_stored_settings(relay_dsn: str, db: Db) -> None:
+    t = target(relay_dsn, db)
     run_relay("settings", "set", *t, "--ordering-default", "unordered", "--ordered", "Order*", "--no-notify")
     text = run_relay("status", *t)
     assert text.returncode == 0, text.stderr
@@ -298,12 +298,12 @@ def test_status_shows_the_stored_settings(pg_dsn: str, db: Db) -> None:
     assert as_json["settings"]["notify"] is False
 
 
-async def test_update_settings_serialises_two_operators(pg_dsn: str, names: OutboxNames) -> None:
+async def test_update_settings_serialises_two_operators(relay_dsn: str, names: OutboxNames) -> None:
     async def change(update: SettingsUpdate) -> None:
-        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
             await update_settings(conn, names, update)
 
     await asyncio.gather(change(SettingsUpdate(ordered=("A",))), change(SettingsUpdate(unordered=("B",))))
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         now = await read_settings(conn, names)
     assert (now.ordering.ordered, now.ordering.unordered) == (("A",), ("B",))  # neither change lost

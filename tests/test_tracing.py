@@ -48,7 +48,8 @@ TRACESTATE = "vendor=opaque-1, other=x"  # a space after the comma: passed on as
 
 
 def insert(db: Db, aggregate_id: str, headers: dict[str, str] | None, payload: str = "{}") -> int:
-    row = db.conn.execute(
+    """A producer's INSERT with ``headers``, as the producer role."""
+    row = db.producer.execute(
         sql.SQL(
             "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, headers)"
             " VALUES ('order', %s, 'OrderPaid', %s::jsonb, %s::jsonb) RETURNING id"
@@ -105,15 +106,15 @@ async def relay_until(db: Db, values: dict[str, Any], provider: TracerProvider, 
     tracing.shutdown()
 
 
-def values_for(pg_dsn: str, names: OutboxNames, **over: Any) -> dict[str, Any]:
+def values_for(relay_dsn: str, names: OutboxNames, **over: Any) -> dict[str, Any]:
     values = resolve(START_ALL, {}, {}, {})
-    values.update(dsn=pg_dsn, schema=names.schema, table=names.table, workers=2, otel=True, **over)
+    values.update(dsn=relay_dsn, schema=names.schema, table=names.table, workers=2, otel=True, **over)
     values["poll_interval"] = timedelta(milliseconds=50)
     return values
 
 
 async def test_rabbitmq_span_per_message_child_of_the_rows_traceparent_and_the_consumer_continues_it(
-    pg_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, spans: tuple[TracerProvider, InMemorySpanExporter]
+    relay_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
     provider, exporter = spans
     exchange = await rabbit.exchange("topic")
@@ -123,7 +124,7 @@ async def test_rabbitmq_span_per_message_child_of_the_rows_traceparent_and_the_c
     invalid = insert(db, "o-3", {"traceparent": "00-not-a-trace-01", "tracestate": "k=v"})
     too_big = insert(db, "o-4", None, payload=json.dumps({"pad": "x" * 2000}))  # over --amqp-max-message-size
     values = values_for(
-        pg_dsn,
+        relay_dsn,
         names,
         broker="rabbitmq",
         amqp_url=rabbit.amqp.url,
@@ -198,7 +199,7 @@ async def test_rabbitmq_span_per_message_child_of_the_rows_traceparent_and_the_c
 
 
 async def test_sqs_span_attributes_and_a_message_already_at_ten_attributes_goes_without_a_traceparent(
-    pg_dsn: str,
+    relay_dsn: str,
     names: OutboxNames,
     db: Db,
     moto_endpoint: str,
@@ -213,7 +214,7 @@ async def test_sqs_span_attributes_and_a_message_already_at_ten_attributes_goes_
     # traceparent and 3 do not (SQS takes 10; one more would send the message to dead).
     room = insert(db, "o-2", {"h1": "a", "h2": "b"})
     full = insert(db, "o-3", {"h1": "a", "h2": "b", "h3": "c"})
-    values = values_for(pg_dsn, names, broker="sqs", queue_url=url, endpoint_url=moto_endpoint, region="us-east-1")
+    values = values_for(relay_dsn, names, broker="sqs", queue_url=url, endpoint_url=moto_endpoint, region="us-east-1")
     await relay_until(db, values, provider, {"done": 3})
     received = {m.outbox_id: m for m in receive_all(sqs_client, url)}
     assert set(received) == {traced, room, full}
@@ -233,7 +234,7 @@ async def test_sqs_span_attributes_and_a_message_already_at_ten_attributes_goes_
 
 
 async def test_a_publish_that_times_out_or_is_cancelled_at_shutdown_ends_its_spans_as_errors(
-    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, spans: tuple[TracerProvider, InMemorySpanExporter]
+    relay_dsn: str, names: OutboxNames, db: Db, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
     from adapters.memory import STALL, InMemoryPublisher
     from tests.helpers import settings_for
@@ -328,10 +329,10 @@ def test_the_provider_follows_the_otel_variables() -> None:
 # ---- the real `relay start`
 
 
-def _log_broker_run(pg_dsn: str, names: OutboxNames, db: Db, *flags: str, env: dict[str, str]) -> tuple[str, str]:
+def _log_broker_run(relay_dsn: str, names: OutboxNames, db: Db, *flags: str, env: dict[str, str]) -> tuple[str, str]:
     """`relay start --broker log` until the outbox is drained, then SIGTERM; its stdout and stderr."""
     with RelayProcess(
-        "start", "--dsn", pg_dsn, "--schema", names.schema, "--broker", "log", "--workers", "1", *flags,
+        "start", "--dsn", relay_dsn, "--schema", names.schema, "--broker", "log", "--workers", "1", *flags,
         env=relay_env(**env),
     ) as process:  # fmt: skip
         assert wait_until(lambda: db.statuses().get("done") == 1, timeout=20), process.tail()
@@ -340,12 +341,12 @@ def _log_broker_run(pg_dsn: str, names: OutboxNames, db: Db, *flags: str, env: d
 
 
 def test_relay_start_otel_exports_at_exit_and_the_log_broker_carries_the_spans_traceparent(
-    pg_dsn: str, names: OutboxNames, db: Db
+    relay_dsn: str, names: OutboxNames, db: Db
 ) -> None:
     insert(db, "o-1", {"traceparent": TRACEPARENT, "tracestate": TRACESTATE})
     # Spans are exported only every minute: those printed were flushed by the shutdown.
     env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "60000", "PYTHONPROFILEIMPORTTIME": "1"}
-    out, err = _log_broker_run(pg_dsn, names, db, "--otel", env=env)
+    out, err = _log_broker_run(relay_dsn, names, db, "--otel", env=env)
     assert "tracing on" in err
     [line] = out.splitlines()
     delivered = json.loads(line)
@@ -361,9 +362,9 @@ def test_relay_start_otel_exports_at_exit_and_the_log_broker_carries_the_spans_t
     assert _imported(err, "opentelemetry")  # the check below could not fail without this
 
 
-def test_without_otel_relay_start_imports_nothing_of_opentelemetry(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+def test_without_otel_relay_start_imports_nothing_of_opentelemetry(relay_dsn: str, names: OutboxNames, db: Db) -> None:
     insert(db, "o-1", {"traceparent": TRACEPARENT})
-    out, err = _log_broker_run(pg_dsn, names, db, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    out, err = _log_broker_run(relay_dsn, names, db, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert json.loads(out)["traceparent"] == TRACEPARENT  # passed through unchanged
     assert _imported(err, "relay.worker") and not _imported(err, "opentelemetry")
 
@@ -382,7 +383,7 @@ WITHOUT_OTEL = (
 
 @pytest.mark.parametrize("source", ["flag", "variable", "config"])
 def test_otel_without_the_extra_is_one_line_naming_the_install(
-    pg_dsn: str, relay_dsn: str, names: OutboxNames, tmp_path: Path, source: str
+    relay_dsn: str, names: OutboxNames, tmp_path: Path, source: str
 ) -> None:
     args = ["start", "--dsn", relay_dsn, "--schema", names.schema, "--broker", "log"]
     env = relay_env()
@@ -400,7 +401,7 @@ def test_otel_without_the_extra_is_one_line_naming_the_install(
     assert_one_line_error(proc, "--otel needs the OpenTelemetry packages", "pip install 'outbox-relay[otel]'")
 
 
-def test_an_unknown_exporter_is_one_line(pg_dsn: str, relay_dsn: str, names: OutboxNames) -> None:
+def test_an_unknown_exporter_is_one_line(relay_dsn: str, names: OutboxNames) -> None:
     proc = subprocess.run(
         [RELAY, "start", "--dsn", relay_dsn, "--schema", names.schema, "--broker", "log", "--otel"],
         capture_output=True,

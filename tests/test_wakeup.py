@@ -27,10 +27,10 @@ from tests.helpers import record_listeners, settings_for
 from tests.relay_process import RelayProcess, relay_env, wait_until_async
 
 
-async def _latency(pg_dsn: str, names: OutboxNames, db: Db, *, notify: bool) -> float:
+async def _latency(relay_dsn: str, names: OutboxNames, db: Db, *, notify: bool) -> float:
     publisher = InMemoryPublisher()
     stop = asyncio.Event()
-    settings = settings_for(pg_dsn, names, workers=2, poll_interval=timedelta(seconds=3), notify=notify)
+    settings = settings_for(relay_dsn, names, workers=2, poll_interval=timedelta(seconds=3), notify=notify)
     task = asyncio.create_task(run_relay(settings, publisher, stop))
     try:
         await asyncio.sleep(0.5)  # both workers have found nothing and gone idle
@@ -43,12 +43,12 @@ async def _latency(pg_dsn: str, names: OutboxNames, db: Db, *, notify: bool) -> 
         await task
 
 
-async def test_insert_wakes_idle_workers(pg_dsn: str, names: OutboxNames, db: Db) -> None:
-    assert await _latency(pg_dsn, names, db, notify=True) < 1.0  # the poll interval is 3 s
+async def test_insert_wakes_idle_workers(relay_dsn: str, names: OutboxNames, db: Db) -> None:
+    assert await _latency(relay_dsn, names, db, notify=True) < 1.0  # the poll interval is 3 s
 
 
-async def test_without_notify_polling_still_delivers(pg_dsn: str, names: OutboxNames, db: Db) -> None:
-    latency = await _latency(pg_dsn, names, db, notify=False)
+async def test_without_notify_polling_still_delivers(relay_dsn: str, names: OutboxNames, db: Db) -> None:
+    latency = await _latency(relay_dsn, names, db, notify=False)
     assert 0.3 < latency < 5  # found by the 3 s poll, not woken at once
     [(notify,)] = db.conn.execute(f'SELECT notify FROM "{names.schema}".outbox_settings').fetchall()
     assert notify is True  # one process's choice: the producers' trigger and other relays are untouched
@@ -59,7 +59,8 @@ async def test_without_notify_polling_still_delivers(pg_dsn: str, names: OutboxN
 
 @contextlib.asynccontextmanager
 async def listening(pg_dsn: str, names: OutboxNames) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    """A connection of the test's own that LISTENs on the outbox's wake-up channel."""
+    """A connection of the test's own that LISTENs on the outbox's wake-up channel (as the
+    superuser: an observer, neither producer nor relay; LISTEN takes no privilege)."""
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"{names.schema}.{names.table}")))
         yield conn
@@ -97,11 +98,11 @@ def count(db: Db, status: str) -> int:
 
 
 @contextlib.contextmanager
-def relay_process(pg_dsn: str, names: OutboxNames, *args: str) -> Iterator[RelayProcess]:
-    """`relay start --broker log` as a subprocess (its JSON lines to /dev/null); stopped with
-    SIGTERM at the end unless the test killed it."""
+def relay_process(relay_dsn: str, names: OutboxNames, *args: str) -> Iterator[RelayProcess]:
+    """`relay start --broker log` as a subprocess as ``relay_dsn`` (its JSON lines to
+    /dev/null); stopped with SIGTERM at the end unless the test killed it."""
     argv = ["start", "--schema", names.schema, "--table", names.table, "--broker", "log", *args]
-    with RelayProcess(*argv, env=relay_env(RELAY_DSN=pg_dsn), discard_stdout=True) as proc:
+    with RelayProcess(*argv, env=relay_env(RELAY_DSN=relay_dsn), discard_stdout=True) as proc:
         try:
             yield proc
         except BaseException:
@@ -135,16 +136,18 @@ async def test_an_idle_relay_is_woken_well_inside_a_long_poll_interval(
     assert listeners(db) == []  # a relay that stops removes its row
 
 
-async def test_a_working_relay_draws_no_notify_from_its_producers(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+async def test_a_working_relay_draws_no_notify_from_its_producers(
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db
+) -> None:
     """The reproduction: every insert used to NOTIFY while notify was on, whatever the relay
     was doing. A relay draining a backlog is working; producers inserting meanwhile must not
     notify, and must again once it is idle."""
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:  # relay settings set
         await store_ordering(conn, names, OrderingMap(default_ordered=False))
     # Batches of 10 over 2 workers: the log broker drains a few thousand a second here, so
     # 40,000 rows keep the relay busy for several seconds.
     backlog = 40_000
-    with relay_process(pg_dsn, names, "--workers", "2", "--batch-size", "10", "--poll-interval", "30s"):
+    with relay_process(relay_dsn, names, "--workers", "2", "--batch-size", "10", "--poll-interval", "30s"):
         async with listening(pg_dsn, names) as channel:
             # Idle first: an insert is heard and delivered.
             await until(lambda: live_states(db) == [True], what="the relay's idle row")
@@ -184,11 +187,11 @@ async def test_a_working_relay_draws_no_notify_from_its_producers(pg_dsn: str, n
 
 
 async def test_a_killed_idle_relay_stops_drawing_notifies_once_its_row_expires(
-    pg_dsn: str, names: OutboxNames, db: Db
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db
 ) -> None:
     """The reproduction: producers notified for as long as notify was on, whether or not any
     relay was there to hear it."""
-    with relay_process(pg_dsn, names, "--workers", "2", "--poll-interval", "30s") as proc:
+    with relay_process(relay_dsn, names, "--workers", "2", "--poll-interval", "30s") as proc:
         async with listening(pg_dsn, names) as channel:
             await until(lambda: live_states(db) == [True], what="the relay's idle row")
             db.insert([("a", "E", {})])
