@@ -199,6 +199,8 @@ async def wait_until_ready(port: int, timeout: float = 20) -> None:
 @pytest.mark.faults
 async def test_alarm_memory_holds_every_row_pending_without_attempts_and_delivers_in_order_after(
     pg_dsn: str,
+    relay_dsn: str,
+    producer_dsn: str,
     names: OutboxNames,
     db: Db,
     rabbit: Rabbit,
@@ -216,7 +218,7 @@ async def test_alarm_memory_holds_every_row_pending_without_attempts_and_deliver
         "--ordering-default", "unordered", "--ordered", ORDERED, "--shutdown-grace", "5s",
         "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
     ]  # fmt: skip
-    env = relay_env(RELAY_DSN=pg_dsn, RELAY_AMQP_URL=amqp.url, RELAY_LOG_LEVEL="info")
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_AMQP_URL=amqp.url, RELAY_LOG_LEVEL="info")
     with RelayProcess("start", *args, env=env) as relay:
         await wait_until_ready(port)
         before = db.insert((f"warm-{i % 5}", "EmailQueued", {"i": i}) for i in range(40))
@@ -227,7 +229,9 @@ async def test_alarm_memory_holds_every_row_pending_without_attempts_and_deliver
             alarm_at = time.monotonic()
             # With --max-attempts 3, a backoff capped at 1 s and a confirm timeout of 0.8 s,
             # a block read as confirm timeouts would send rows to dead within about 3 s.
-            locked, unlocked, producers = fleet_producers(pg_dsn, names, seed=15, locked_tx=40, unlocked_rounds=12)
+            locked, unlocked, producers = fleet_producers(
+                pg_dsn, names, seed=15, locked_tx=40, unlocked_rounds=12, producer_dsn=producer_dsn
+            )
             await asyncio.to_thread(producers.join, 15)
             assert not producers.is_alive(), "producers still writing 15 s into the alarm"
             await relay.wait_for_log("broker unavailable, pausing claims", timeout=10)
@@ -280,7 +284,7 @@ async def test_alarm_memory_holds_every_row_pending_without_attempts_and_deliver
 @pytest.mark.faults
 @pytest.mark.extended
 async def test_alarm_sigterm_during_a_memory_alarm_exits_0_in_time_and_spends_nothing(
-    pg_dsn: str,
+    relay_dsn: str,
     names: OutboxNames,
     db: Db,
     rabbit: Rabbit,
@@ -294,7 +298,7 @@ async def test_alarm_sigterm_during_a_memory_alarm_exits_0_in_time_and_spends_no
         "--workers", "4", "--batch-size", "20", "--publish-timeout", "1s", "--poll-interval", "200ms",
         "--max-attempts", "3", "--shutdown-grace", "5s",
     ]  # fmt: skip
-    env = relay_env(RELAY_DSN=pg_dsn, RELAY_AMQP_URL=amqp.url, RELAY_LOG_LEVEL="warning")
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_AMQP_URL=amqp.url, RELAY_LOG_LEVEL="warning")
     with RelayProcess("start", *args, env=env) as relay:
         # Enough at once for every worker to open a channel of its own.
         db.insert((f"warm-{i}", "EmailQueued", {"i": i}) for i in range(400))
