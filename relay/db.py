@@ -41,7 +41,10 @@ APPLICATION_NAME = "outbox-relay"
 #   (well inside the default lease of 60 s, so the retry lands on the new primary before the lease
 #   runs out); it counts only unacknowledged data, never a slow query.
 # * keepalives: a connection waiting for an answer (or the wake-up listener, idle by
-#   design) notices a host that stopped answering after 10 + 3 x 5 = 25 s.
+#   design) sends its first probe after 10 s of silence; Linux then ends it at the next
+#   probe, 5 s later, because tcp_user_timeout (10 s) has passed by then (tcp(7): it
+#   overrides keepalives_count): 15 s, as tests/test_faults.py's silent primary measured.
+#   Without tcp_user_timeout it would be 10 + 3 x 5 = 25 s.
 CONNECT_TIMEOUT_S = 5
 NETWORK_DEFAULTS: dict[str, str] = {
     "connect_timeout": str(CONNECT_TIMEOUT_S),

@@ -33,7 +33,7 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from tests.conftest import Db
 from tests.deliveries import ORDERED, Delivery, QueueReader, check_deliveries, read_queue, store_fleet_ordering
 from tests.helpers import terminate_relay_sessions
 from tests.lease_audit import install_lease_audit, lease_audit_problems
-from tests.pg_clusters import ClusterPair
+from tests.pg_clusters import ClusterPair, SilentPair
 from tests.producers import (
     CommitLog,
     LockedProducers,
@@ -508,19 +508,36 @@ def test_a_relay_that_hangs_on_sigterm_fails_the_clean_exit_check() -> None:
         fleet.close()
 
 
-async def test_failover_to_a_synchronous_standby_loses_nothing_and_keeps_order(
-    pg_pair: ClusterPair, rabbit: Rabbit, amqp: AmqpService, fleet_factory: Any
-) -> None:
-    """Relays and producers on a two-host DSN; the primary stops (-m immediate) while they
-    write and deliver, and the standby is promoted. Everything committed is delivered in
-    commit order, nothing is dead, the relays never stop, fencing holds across the switch."""
-    seed = int(os.environ.get("RELAY_FAULT_SEED") or random.randrange(1 << 30))
-    print(f"\n  failover seed {seed} (RELAY_FAULT_SEED={seed} replays it)")
-    dsn = pg_pair.dsn
+@dataclass(frozen=True)
+class Switch:
+    """What a failover scenario measured: how long delivery stopped, from the moment the
+    primary was gone (stopped or silent) on."""
+
+    paused: float
+
+
+async def fail_over_under_load(
+    pair: ClusterPair,
+    switch: Callable[[], float],
+    rabbit: Rabbit,
+    amqp: AmqpService,
+    fleet_factory: Any,
+    *,
+    seed: int,
+    gone_how: str,
+) -> Switch:
+    """Two relays on the pair's two-host DSN and producers (locked and unlocked, reconnecting)
+    on it; once deliveries flow, ``switch()`` takes the primary away and promotes the standby
+    (it returns the ``time.monotonic()`` at which the primary was gone). Asserts everything
+    committed is delivered in commit order, nothing is dead, the relays never stop, and
+    fencing holds across the switch (the lease audit). The relays get ``pair.dsn``, which
+    sets no network timeout, so what bounds their waits is the relay's own (relay.db); the
+    test's own connections and the producers use ``pair.client_dsn``."""
+    dsn = pair.client_dsn
     names = OutboxNames(schema=f"fo_{random.randrange(1 << 30):x}", table="outbox")
     exchange = await rabbit.exchange("direct")
     queue = await rabbit.queue(bind=(exchange, "outbox"))
-    fleet: Fleet = fleet_factory(names, exchange, dsn=dsn)  # migrates the outbox on the primary
+    fleet: Fleet = fleet_factory(names, exchange, dsn=pair.dsn)  # migrates the outbox on the primary
     with psycopg.connect(dsn, autocommit=True) as conn:
         install_lease_audit(conn, names)
     for _ in range(2):
@@ -531,7 +548,7 @@ async def test_failover_to_a_synchronous_standby_loses_nothing_and_keeps_order(
         )
         assert await wait_until_async(lambda: len(reader.got) >= 50, timeout=30), "nothing delivered before the switch"
         await asyncio.sleep(random.Random(seed).uniform(0.5, 2.0))
-        gone = await asyncio.to_thread(pg_pair.fail_over)
+        gone = await asyncio.to_thread(switch)
         await asyncio.to_thread(producing.join)
         doubted = resolve_in_doubt(dsn, names, locked, unlocked)
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -550,8 +567,8 @@ async def test_failover_to_a_synchronous_standby_loses_nothing_and_keeps_order(
             deliveries = list(reader.got)
             after = [d.received_at for d in deliveries if d.received_at > gone]
             assert after, "nothing delivered after the switch"
-            # Messages already on their way arrive just after the stop; the outage is the
-            # longest silence from the stop on (producers keep writing throughout).
+            # Messages already on their way arrive just after the switch; the outage is the
+            # longest silence from it on (producers keep writing throughout).
             marks = [gone, *sorted(after)]
             paused = max(b - a for a, b in itertools.pairwise(marks))
             committed = {r["id"] for r in db.rows()}
@@ -564,7 +581,54 @@ async def test_failover_to_a_synchronous_standby_loses_nothing_and_keeps_order(
     fleet.stop()
     fleet.assert_clean_exits()
     print(
-        f"  delivery stopped for {paused:.2f}s after the primary's stop (the longest silence from it on);"
+        f"  delivery stopped for {paused:.2f}s after the primary {gone_how} (the longest silence from it on);"
         f" {locked.committed} locked and {unlocked.committed} unlocked producer transactions,"
         f" in doubt at the switch: {doubted[0]} committed, {doubted[1]} not; {sum(duplicates.values())} duplicates"
     )
+    return Switch(paused)
+
+
+def failover_seed(what: str) -> int:
+    seed = int(os.environ.get("RELAY_FAULT_SEED") or random.randrange(1 << 30))
+    print(f"\n  {what} seed {seed} (RELAY_FAULT_SEED={seed} replays it)")
+    return seed
+
+
+async def test_failover_to_a_synchronous_standby_loses_nothing_and_keeps_order(
+    pg_pair: ClusterPair, rabbit: Rabbit, amqp: AmqpService, fleet_factory: Any
+) -> None:
+    """Relays and producers on a two-host DSN; the primary stops (-m immediate) while they
+    write and deliver, and the standby is promoted. Everything committed is delivered in
+    commit order, nothing is dead, the relays never stop, fencing holds across the switch."""
+    seed = failover_seed("failover")
+    await fail_over_under_load(pg_pair, pg_pair.fail_over, rabbit, amqp, fleet_factory, seed=seed, gone_how="stopped")
+
+
+# How long delivery may stop after the primary goes silent. Measured first (see the test's
+# print). What it is made of, with the relay's NETWORK_DEFAULTS (relay.db):
+# * noticing the silence: a session with a statement in flight fails after tcp_user_timeout
+#   (10 s) of unacknowledged data; one waiting for an answer to what was acknowledged before
+#   the silence sends its first keepalive after keepalives_idle (10 s), and Linux ends it at
+#   the next probe (5 s later), tcp_user_timeout having passed: 15 s at most;
+# * reconnecting: each new connection spends connect_timeout (5 s) on the silent first
+#   host before it tries the standby;
+# * slack for the lease (3 s) of rows claimed just before, and two busy cores.
+# Measured: 15.4, 15.4, 15.6 s (a pool connection's check fails at 10 s, its replacement
+# reaches the standby 5 s later). With tcp_user_timeout=0&keepalives=0 in the relays' DSN
+# the same scenario delivered nothing for 943 s, the kernel's retransmissions.
+SILENT_PAUSE_BOUND_S = 15 + 5 + 8
+
+
+@pytest.mark.extended
+async def test_a_primary_gone_silent_is_left_for_the_promoted_standby_within_the_network_timeouts(
+    silent_pair: SilentPair, rabbit: Rabbit, amqp: AmqpService, fleet_factory: Any
+) -> None:
+    """As the failover test, but the primary's host goes silent instead of stopping: a
+    partition (its packets vanish, no RST, no FIN, it keeps running) and then the standby is
+    promoted. Nothing would end the relays' sessions to it but their own network timeouts:
+    delivery must resume from the new primary within the bound they explain."""
+    seed = failover_seed("silent primary")
+    switch = await fail_over_under_load(
+        silent_pair, silent_pair.go_silent, rabbit, amqp, fleet_factory, seed=seed, gone_how="went silent"
+    )
+    assert switch.paused < SILENT_PAUSE_BOUND_S, f"delivery stopped for {switch.paused:.1f}s"
