@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 RUN_DSN ?= postgresql://postgres@127.0.0.1:5432/test
 RUN_BROKER ?= log
 
-.PHONY: venv run test test-faults lint format demo bench bench-rabbitmq bench-sqs soak clean
+.PHONY: venv run test test-all test-faults lint format demo bench bench-rabbitmq bench-sqs soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,11 +47,17 @@ run: venv
 	$(BIN)/relay start --dsn '$(RUN_DSN)' --broker $(RUN_BROKER)
 
 # pytest exits 5 when it collected no tests; that is a failure here, never a pass.
-# The long fault scenarios (marker `extended`) run in `make test-faults`; here a
-# representative one of each kind keeps the suite under 10 minutes on 2 cores.
+# The long scenarios (marker `extended`) run in `make test-all` (and those that are fault
+# scenarios in `make test-faults`); here a representative one of each kind keeps the suite
+# under 10 minutes on 2 cores.
 test: venv
 	@$(BIN)/pytest -m "not extended" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# Everything, the long scenarios (marker `extended`) included.
+test-all: venv
+	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-all: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The whole fault-injection suite (`make test` runs a representative part); REPEAT=5 runs it 5 times.
 REPEAT ?= 1

@@ -52,6 +52,10 @@ def assert_commit_order(logs: list[CommitLog], arrivals: list[Arrival]) -> None:
         assert order_violations(log.expected(), arrivals) == []
 
 
+# Long (about 25 s): make test-faults and make test-all run it; make test keeps
+# test_one_relay_routes_to_two_queues_and_an_sns_topic for routing end to end.
+@pytest.mark.faults
+@pytest.mark.extended
 def test_routes_send_each_event_type_to_its_queue_and_a_late_queue_pauses_only_itself(
     pg_dsn: str,
     producer_dsn: str,
