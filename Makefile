@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 RUN_DSN ?= postgresql://postgres@127.0.0.1:5432/test
 RUN_BROKER ?= log
 
-.PHONY: venv run test test-all test-faults lint format demo bench bench-rabbitmq bench-sqs soak clean
+.PHONY: venv run test test-all test-faults lint format demo bench bench-rabbitmq bench-sqs soak console-screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,10 @@ REPEAT ?= 1
 test-faults: venv
 	@for i in $$(seq $(REPEAT)); do echo "fault suite, run $$i of $(REPEAT)"; \
 	  $(BIN)/pytest -m faults -s $(PYTEST_ARGS) || exit 1; done
+
+# The README's console screenshots: the browser tests, saving each page into docs/console/.
+console-screenshots: venv
+	RELAY_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest tests/test_console_browser.py -q $(PYTEST_ARGS)
 
 # Benchmarks (scripts, not tests): each prints its figures beside a baseline from the same run.
 # bench_producer needs pgbench (Debian: postgresql-client); bench_scale and bench_replay need

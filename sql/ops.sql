@@ -301,3 +301,58 @@ SELECT count(*) AS scanned,
 -- ready_probe --
 -- Readiness: the database answers and the outbox table is there and readable.
 SELECT 1 FROM {outbox} LIMIT 0;
+
+-- console_blocked --
+-- Ordered aggregates whose head is dead, oldest dead head first, with how many ordered messages wait behind each: from the dead rows (few) to their heads rows, as status_summary counts them.
+SELECT now() AS now, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.attempts, o.created_at,
+       o.last_error, o.aggregate_seq, w.behind
+  FROM {outbox} AS o
+  JOIN {q_heads} AS h ON h.aggregate_id = o.aggregate_id AND h.head_id = o.id
+ CROSS JOIN LATERAL (
+        SELECT count(*) - 1 AS behind FROM {q_unfinished_ordered}(o.aggregate_id)
+       ) AS w
+ WHERE o.status = 'dead'
+ ORDER BY o.created_at, o.id
+ LIMIT %(limit)s;
+
+-- console_message --
+-- One message whole, for the console's message page: payload, headers, attempts, last error, operator action, and its aggregate's head and counter.
+SELECT now() AS now, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,
+       o.headers::text AS headers, o.created_at, o.status, o.available_at, o.attempts, o.lease_owner,
+       o.lease_until, o.lease_version, o.last_error, o.done_at, o.ordered, o.aggregate_seq,
+       o.resolution, o.resolved_by, o.resolved_at, o.resolved_note,
+       h.head_id, head.aggregate_seq AS head_seq, h.last_seq
+  FROM {outbox} AS o
+  LEFT JOIN {q_heads} AS h ON h.aggregate_id = o.aggregate_id
+  LEFT JOIN {outbox} AS head ON head.id = h.head_id
+ WHERE o.id = %(id)s;
+
+-- console_aggregate_messages --
+-- An aggregate's messages, newest first: every unfinished one (through the partial indexes of unfinished rows) and the finished ones among the newest %(recent)s ids of the table (a primary-key range: no index covers the done history by aggregate, and a scan of it all would grow with the table).
+WITH recent AS (
+    SELECT o.id
+      FROM {outbox} AS o
+     WHERE o.aggregate_id = %(aggregate_id)s
+       AND o.id > (SELECT coalesce(max(id), 0) - %(recent)s FROM {outbox})
+), unfinished AS (
+    -- One branch per partial index, each with that index's predicate: numbered ordered,
+    -- pending unordered, leased, dead, and ordered rows not numbered yet.
+    SELECT u.id FROM {q_unfinished_ordered}(%(aggregate_id)s) AS u
+    UNION
+    SELECT o.id FROM {outbox} AS o
+     WHERE o.aggregate_id = %(aggregate_id)s AND o.status = 'pending' AND NOT o.ordered
+    UNION
+    SELECT o.id FROM {outbox} AS o WHERE o.aggregate_id = %(aggregate_id)s AND o.status = 'processing'
+    UNION
+    SELECT o.id FROM {outbox} AS o WHERE o.aggregate_id = %(aggregate_id)s AND o.status = 'dead'
+    UNION
+    SELECT o.id FROM {outbox} AS o
+     WHERE o.aggregate_id = %(aggregate_id)s AND o.ordered AND o.aggregate_seq IS NULL
+       AND o.status IN ('pending', 'dead')
+)
+SELECT o.id, o.event_type, o.status, o.attempts, o.created_at, o.done_at, o.ordered, o.aggregate_seq,
+       o.last_error, o.resolution
+  FROM {outbox} AS o
+ WHERE o.id IN (SELECT id FROM recent UNION SELECT id FROM unfinished)
+ ORDER BY o.id DESC
+ LIMIT %(limit)s;

@@ -2,9 +2,9 @@
 
 The broker fixtures (``amqp``, ``rabbit``, ``ctl``, ``proxy``; ``moto_endpoint``,
 ``sqs_client``, ``make_queue``; ``sns_client``, ``make_topic``; ``pg_pair``, a primary and
-its synchronous standby) live beside the services they stand for and are
-registered here as plugins, so a test module names them as parameters and never imports
-them.
+its synchronous standby; ``console_factory``, the web console on a loopback port) live
+beside the services they stand for and are registered here as plugins, so a test module
+names them as parameters and never imports them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,13 @@ from tests.helpers import create_outbox_at
 from tests.relay_process import RelayProcess
 from tests.services import SKIP_PG, postgres_dsn, require_services
 
-pytest_plugins = ("tests.rabbitmq_broker", "tests.sqs_server", "tests.sns_server", "tests.pg_clusters")
+pytest_plugins = (
+    "tests.rabbitmq_broker",
+    "tests.sqs_server",
+    "tests.sns_server",
+    "tests.pg_clusters",
+    "tests.console_seed",
+)
 
 
 @pytest.fixture(scope="session")

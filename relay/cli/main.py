@@ -4,7 +4,7 @@ TOML file (``--config``), in that order; see :mod:`relay.options`.
 This module holds the ``relay`` group and the console entry point :func:`main`; each
 command family lives in a module of its own (:mod:`relay.cli.migrate`,
 :mod:`~relay.cli.start`, :mod:`~relay.cli.ops`, :mod:`~relay.cli.dead`,
-:mod:`~relay.cli.settings`) and is registered here with ``add_command``.
+:mod:`~relay.cli.settings`, :mod:`~relay.cli.console`) and is registered here with ``add_command``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import click
 
+from relay.cli.console import console_cmd
 from relay.cli.dead import dead_group
 from relay.cli.grants import grants_cmd
 from relay.cli.migrate import migrate_cmd
@@ -49,6 +50,7 @@ for command in (
     prune_cmd,
     release_cmd,
     settings_group,
+    console_cmd,
 ):
     cli.add_command(command)
 

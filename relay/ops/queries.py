@@ -358,6 +358,115 @@ async def dead_skip(conn: Conn, names: OutboxNames, ids: Sequence[int], *, by: s
     return [Touched.from_row(r) for r in await _all(conn, names, "dead_skip", params)]
 
 
+# ---- the console (relay.console): blocked aggregates, one message, one aggregate's messages
+
+
+@dataclass(frozen=True)
+class BlockedHead:
+    """A dead message at the head of its ordered aggregate, and what waits behind it."""
+
+    now: datetime
+    id: int
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    attempts: int
+    created_at: datetime
+    last_error: str | None
+    aggregate_seq: int | None
+    behind: int
+
+    @classmethod
+    def from_row(cls, r: Row) -> BlockedHead:
+        return cls(
+            now=r["now"],
+            id=r["id"],
+            aggregate_type=r["aggregate_type"],
+            aggregate_id=r["aggregate_id"],
+            event_type=r["event_type"],
+            attempts=r["attempts"],
+            created_at=r["created_at"],
+            last_error=_masked(r["last_error"]),
+            aggregate_seq=r["aggregate_seq"],
+            behind=r["behind"],
+        )
+
+
+async def blocked_heads(conn: Conn, names: OutboxNames, limit: int) -> list[BlockedHead]:
+    """Aggregates whose head is dead, oldest dead head first, at most ``limit``."""
+    return [BlockedHead.from_row(r) for r in await _all(conn, names, "console_blocked", {"limit": limit})]
+
+
+@dataclass(frozen=True)
+class MessageDetail:
+    """One outbox row whole, with its aggregate's head and counter (``head_id`` None: the
+    aggregate has no ordered history, or nothing of it waits)."""
+
+    now: datetime
+    id: int
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: str  # the JSON text as stored
+    headers: str | None
+    created_at: datetime
+    status: str
+    available_at: datetime
+    attempts: int
+    lease_owner: str | None
+    lease_until: datetime | None
+    lease_version: int
+    last_error: str | None
+    done_at: datetime | None
+    ordered: bool
+    aggregate_seq: int | None
+    resolution: str | None
+    resolved_by: str | None
+    resolved_at: datetime | None
+    resolved_note: str | None
+    head_id: int | None
+    head_seq: int | None
+    last_seq: int | None
+
+    @classmethod
+    def from_row(cls, r: Row) -> MessageDetail:
+        return cls(**{**r, "last_error": _masked(r["last_error"])})
+
+
+async def message_detail(conn: Conn, names: OutboxNames, outbox_id: int) -> MessageDetail | None:
+    rows = await _all(conn, names, "console_message", {"id": outbox_id})
+    return MessageDetail.from_row(rows[0]) if rows else None
+
+
+@dataclass(frozen=True)
+class AggregateMessage:
+    """A line of an aggregate's message list."""
+
+    id: int
+    event_type: str
+    status: str
+    attempts: int
+    created_at: datetime
+    done_at: datetime | None
+    ordered: bool
+    aggregate_seq: int | None
+    last_error: str | None
+    resolution: str | None
+
+    @classmethod
+    def from_row(cls, r: Row) -> AggregateMessage:
+        return cls(**{**r, "last_error": _masked(r["last_error"])})
+
+
+async def aggregate_messages(
+    conn: Conn, names: OutboxNames, aggregate_id: str, *, recent: int, limit: int
+) -> list[AggregateMessage]:
+    """``aggregate_id``'s messages newest first, at most ``limit``: every unfinished one, and
+    the finished ones among the table's newest ``recent`` ids."""
+    params = {"aggregate_id": aggregate_id, "recent": recent, "limit": limit}
+    return [AggregateMessage.from_row(r) for r in await _all(conn, names, "console_aggregate_messages", params)]
+
+
 # ---- release
 
 

@@ -1,0 +1,203 @@
+"""What each console page shows, read through relay.ops: the same figures, verdicts and
+rules as `relay status`, `relay explain` and `relay dead`, as plain objects for the
+templates. Nothing here renders HTML, and nothing here writes but :func:`act`."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from relay.errors import ConfigError
+from relay.ids import parse_outbox_id
+from relay.ops import queries
+from relay.ops.deadletters import (
+    Action,
+    DeadGroup,
+    WriteResult,
+    group_dead,
+    group_key,
+    group_messages,
+    list_dead,
+    retry,
+    select_ids,
+    skip,
+)
+from relay.ops.explain import Explanation, explain
+from relay.ops.queries import AggregateMessage, BlockedHead, Conn, DeadFilter, DeadMessage, MessageDetail
+from relay.ops.status import Status, attempt_histogram, read_status
+from relay.sqlnames import OutboxNames
+
+# How many rows a page lists; more are counted and linked to a narrower filter.
+PAGE_ROWS = 200
+# The aggregate page looks for finished messages among the newest this many ids: no index
+# covers the done history by aggregate (sql/ops.sql, console_aggregate_messages).
+RECENT_IDS = 100_000
+AGGREGATE_ROWS = 100
+FILTER_MAX = 500  # characters of one filter field
+
+
+@dataclass(frozen=True)
+class Overview:
+    status: Status
+    attempts: list[tuple[str, int]]
+
+
+async def overview(conn: Conn, names: OutboxNames) -> Overview:
+    status = await read_status(conn, names, by_event_type=True)
+    return Overview(status, attempt_histogram(status.attempts))
+
+
+def dead_filter(query: Mapping[str, str]) -> DeadFilter:
+    """The dead-message filter of a page's query string (``event_type``, ``aggregate``,
+    ``error``: a substring), as `relay dead list` takes them; ConfigError names a field
+    that cannot be used."""
+    for key in ("event_type", "aggregate", "error"):
+        value = query.get(key, "")
+        if len(value) > FILTER_MAX:
+            raise ConfigError(f"invalid {key}: longer than {FILTER_MAX} characters")
+        if "\x00" in value:
+            raise ConfigError(f"invalid {key}: it contains a NUL character")
+    event_type = query.get("event_type", "")
+    return DeadFilter(
+        event_types=(event_type,) if event_type else (),
+        aggregate_id=query.get("aggregate") or None,
+        error=query.get("error") or None,
+    )
+
+
+@dataclass(frozen=True)
+class DeadGroups:
+    groups: tuple[DeadGroup, ...]
+    total: int
+
+
+async def dead_groups(conn: Conn, names: OutboxNames, flt: DeadFilter) -> DeadGroups:
+    groups = await group_dead(conn, names, flt)
+    return DeadGroups(groups, sum(g.count for g in groups))
+
+
+@dataclass(frozen=True)
+class GroupPage:
+    key: str
+    group: DeadGroup | None  # None: no dead message (matching the filter) is in it any more
+    messages: tuple[DeadMessage, ...]  # the first PAGE_ROWS of it
+
+
+async def dead_group(conn: Conn, names: OutboxNames, key: str, flt: DeadFilter) -> GroupPage:
+    page = await list_dead(conn, names, flt)
+    members = tuple(m for m in page.messages if group_key(m.last_error) == key)
+    groups = group_messages(members)
+    return GroupPage(key, groups[0] if groups else None, members[:PAGE_ROWS])
+
+
+@dataclass(frozen=True)
+class MessagePage:
+    message: MessageDetail
+    payload: str  # pretty-printed when it is JSON (it always is: the column is jsonb)
+    headers: Mapping[str, object] | None
+    ahead: int | None  # ordered messages of its aggregate before it (0: it is the head)
+    explanation: Explanation | None  # its aggregate's, for ordered messages
+
+
+async def message(conn: Conn, names: OutboxNames, outbox_id: int) -> MessagePage | None:
+    m = await queries.message_detail(conn, names, outbox_id)
+    if m is None:
+        return None
+    try:
+        payload = json.dumps(json.loads(m.payload), indent=2, ensure_ascii=False)
+    except ValueError:
+        payload = m.payload
+    headers = json.loads(m.headers) if m.headers else None
+    ahead = None
+    if m.ordered and m.aggregate_seq is not None and m.head_seq is not None and m.status != "done":
+        ahead = max(m.aggregate_seq - m.head_seq, 0)
+    explanation = None
+    if m.ordered:
+        try:
+            explanation = await explain(conn, names, m.aggregate_id)
+        except ConfigError:
+            explanation = None  # finished and without ordered history: nothing to explain
+    return MessagePage(m, payload, headers if isinstance(headers, dict) else None, ahead, explanation)
+
+
+@dataclass(frozen=True)
+class Blocked:
+    head: BlockedHead
+    explanation: Explanation
+
+
+async def blocked(conn: Conn, names: OutboxNames) -> list[Blocked]:
+    """Aggregates whose head is dead, oldest first, each with `relay explain`'s verdict."""
+    return [
+        Blocked(head, await explain(conn, names, head.aggregate_id))
+        for head in await queries.blocked_heads(conn, names, PAGE_ROWS)
+    ]
+
+
+@dataclass(frozen=True)
+class AggregatePage:
+    aggregate_id: str
+    explanation: Explanation | None  # None: nothing unfinished and no ordered history
+    messages: list[AggregateMessage]
+    recent_ids: int = RECENT_IDS
+
+
+async def aggregate(conn: Conn, names: OutboxNames, aggregate_id: str) -> AggregatePage:
+    try:
+        explanation: Explanation | None = await explain(conn, names, aggregate_id)
+    except ConfigError:
+        explanation = None
+    rows = await queries.aggregate_messages(conn, names, aggregate_id, recent=RECENT_IDS, limit=AGGREGATE_ROWS)
+    return AggregatePage(aggregate_id, explanation, rows)
+
+
+# ---- actions
+
+
+@dataclass(frozen=True)
+class ActionRequest:
+    """A re-drive or skip as a form asks for it: explicit ids, or a group (with the page's
+    filter) resolved to ids at preview time, so the confirm step writes exactly the rows
+    the operator saw."""
+
+    action: Action
+    ids: tuple[int, ...]
+    group: str | None
+    flt: DeadFilter
+    reason: str
+
+
+def action_request(form: Mapping[str, str]) -> ActionRequest:
+    action = form.get("action", "")
+    if action not in ("retry", "skip"):
+        raise ConfigError("invalid action: expected retry or skip")
+    raw_ids = form.get("ids", "").replace(",", " ").split()
+    ids = tuple(parse_outbox_id(i) for i in raw_ids)
+    group = form.get("group") or None
+    if group is not None and not re.fullmatch(r"[0-9a-f]{8}", group):
+        raise ConfigError("invalid group: expected the 8-hex-digit key `relay dead list --group` shows")
+    if not raw_ids and group is None:
+        raise ConfigError(f"nothing to {action}: give dead message ids or a group")
+    reason = form.get("reason", "").strip()
+    if len(reason) > FILTER_MAX:
+        raise ConfigError(f"invalid reason: longer than {FILTER_MAX} characters")
+    return ActionRequest(action, ids, group, dead_filter(form), reason)  # type: ignore[arg-type]
+
+
+async def resolve_ids(conn: Conn, names: OutboxNames, req: ActionRequest) -> list[int]:
+    """The ids ``req`` names: its own, or its group's (matching its filter) now."""
+    if req.ids:
+        return list(req.ids)
+    return await select_ids(conn, names, req.flt, req.group)
+
+
+async def act(
+    conn: Conn, names: OutboxNames, req: ActionRequest, ids: list[int], *, by: str, dry_run: bool
+) -> WriteResult:
+    """`relay dead retry|skip` on ``ids``, with its rules (all or nothing, ordered re-drive in
+    id order, a reason for a skip), recorded as done ``by``."""
+    if req.action == "retry":
+        return await retry(conn, names, ids, by=by, note=req.reason or None, dry_run=dry_run)
+    return await skip(conn, names, ids, by=by, reason=req.reason, dry_run=dry_run)

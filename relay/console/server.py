@@ -1,0 +1,118 @@
+"""Running the console: its pool, the sampler behind the chart, and the HTTP server, until
+SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from aiohttp import web
+from psycopg_pool import AsyncConnectionPool
+
+from relay.console.app import Console, ConsoleConfig, make_app
+from relay.console.auth import Guard, Token
+from relay.console.history import History, sample_forever
+from relay.db import check_schema, connect, open_pool
+from relay.errors import ConfigError
+from relay.ops.status import StatusSummary, read_summary
+from relay.sqlnames import OutboxNames
+
+log = logging.getLogger("relay.console")
+
+POOL_SIZE = 3  # page reads and the sampler; actions are a few statements each
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    dsn: str
+    host: str
+    port: int  # 0: any free port (the log line says which)
+    tokens: tuple[Token, ...]
+    window: timedelta
+    sample_every: timedelta
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def serve(config: ConsoleConfig, options: ServeOptions, stop: asyncio.Event | None = None) -> None:
+    """Serve until ``stop`` is set, or SIGTERM/SIGINT when no ``stop`` is given."""
+    probe = await connect(options.dsn)
+    async with probe:
+        await check_schema(probe, config.names)
+    pool = await open_pool(options.dsn, POOL_SIZE)
+    history = History(options.window)
+    stop = stop or _stop_on_signals()
+    console = Console(config, pool, history, Guard(options.tokens))
+
+    sampler = start_sampling(pool, config.names, history, options.sample_every, stop)
+    runner = web.AppRunner(make_app(console), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, options.host, options.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}") from None
+        port = _bound_port(runner, options.port)
+        shown_host = f"[{options.host}]" if ":" in options.host else options.host
+        log.info(
+            "console at http://%s:%d/ for outbox %s on %s; actions %s",
+            shown_host,
+            port,
+            config.names.qualified,
+            config.where,
+            "on" if config.allow_actions else "off (--allow-actions to enable)",
+        )
+        if not is_loopback(options.host):
+            log.warning(
+                "console bound to %s, beyond this host: put it behind a proxy that terminates TLS, or tokens and"
+                " pages cross the network in clear text",
+                options.host,
+            )
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+        await pool.close()
+
+
+def start_sampling(
+    pool: AsyncConnectionPool[Any], names: OutboxNames, history: History, every: timedelta, stop: asyncio.Event
+) -> asyncio.Task[None]:
+    """The task that feeds ``history`` from ``names``' status every ``every`` until ``stop``."""
+
+    async def read() -> StatusSummary:
+        async with pool.connection() as conn:
+            return await read_summary(conn, names)
+
+    return asyncio.create_task(sample_forever(history, read, every, stop))
+
+
+def _bound_port(runner: web.AppRunner, asked: int) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return asked
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
