@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import click
@@ -28,6 +29,7 @@ from relay.config import (
 from relay.contract import Publisher, PublishLimits
 from relay.db import check_schema, connect
 from relay.dsn import mask
+from relay.durations import format_bound
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
 from relay.ops.queries import Conn
 from relay.options import Option, check_file_keys, load_file, resolve
@@ -115,6 +117,21 @@ class AsciiInt(click.types.IntParamType):
         if not self.low <= number <= self.high:
             self.fail(f"{number} is not in the range {self.low}..{self.high:,}", param, ctx)
         return number
+
+
+def bounded_duration_option(
+    flag: str, default: str, bounds: tuple[timedelta, timedelta], help: str
+) -> Callable[[F], F]:
+    """A duration flag whose help names its range; the command parses it with those bounds
+    (:func:`relay.durations.parse_duration`), so a bad value is one line naming the flag."""
+    low, high = bounds
+    return click.option(
+        flag,
+        default=default,
+        metavar="DURATION",
+        show_default=True,
+        help=f"{help} ({format_bound(low)}..{format_bound(high)}).",
+    )
 
 
 def check_text(value: str | None, what: str) -> None:

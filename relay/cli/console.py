@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from relay.cli.common import OPS_OPTIONS, AsciiInt, check_text, ops_setup, run, with_options
+from relay.cli.common import OPS_OPTIONS, AsciiInt, bounded_duration_option, check_text, ops_setup, run, with_options
 from relay.dsn import describe_dsn
-from relay.durations import format_bound, parse_duration
+from relay.durations import parse_duration
 from relay.errors import ConfigError
 
 INSTALL_HINT = "pip install 'outbox-relay[console]'"
@@ -42,20 +42,8 @@ SAMPLE_MIN, SAMPLE_MAX = timedelta(seconds=1), timedelta(minutes=10)
     help=f"A token actions must carry (repeatable; also ${TOKEN_ENV}); NAME is who its actions are recorded as.",
 )
 @click.option("--by", default=None, metavar="WHO", help="Record every action as WHO instead of the token's name.")
-@click.option(
-    "--history",
-    default="1h",
-    metavar="DURATION",
-    show_default=True,
-    help=f"How far back the overview's chart goes ({format_bound(WINDOW_MIN)}..{format_bound(WINDOW_MAX)}).",
-)
-@click.option(
-    "--sample-interval",
-    default="5s",
-    metavar="DURATION",
-    show_default=True,
-    help=f"How often the chart is sampled ({format_bound(SAMPLE_MIN)}..{format_bound(SAMPLE_MAX)}).",
-)
+@bounded_duration_option("--history", "1h", (WINDOW_MIN, WINDOW_MAX), "How far back the overview's chart goes")
+@bounded_duration_option("--sample-interval", "5s", (SAMPLE_MIN, SAMPLE_MAX), "How often the chart is sampled")
 def console_cmd(
     host: str,
     port: int,

@@ -25,6 +25,7 @@ from relay.cli.common import (
     BROKER_OPTIONS,
     OPS_OPTIONS,
     AsciiInt,
+    bounded_duration_option,
     check_text,
     masked_first_line,
     ops_setup,
@@ -36,7 +37,7 @@ from relay.cli.common import (
 from relay.config import START_OPTIONS, names_from, require_dsn
 from relay.db import check_schema, connect
 from relay.dsn import describe_dsn
-from relay.durations import format_bound, format_duration, parse_duration
+from relay.durations import format_duration, parse_duration
 from relay.errors import ConfigError, DatabaseUnavailable
 from relay.ops.deadletters import default_operator
 from relay.ops.explain import explain
@@ -63,13 +64,7 @@ WATCH_MIN, WATCH_MAX = timedelta(milliseconds=100), timedelta(hours=1)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (with --watch: one per refresh).")
 @click.option("--by-event-type", is_flag=True, help="Break the unfinished messages down by event type.")
 @click.option("--watch", is_flag=True, help="Redraw in place every --interval until Ctrl-C.")
-@click.option(
-    "--interval",
-    default="2s",
-    metavar="DURATION",
-    show_default=True,
-    help=f"Refresh period of --watch ({format_bound(WATCH_MIN)}..{format_bound(WATCH_MAX)}).",
-)
+@bounded_duration_option("--interval", "2s", (WATCH_MIN, WATCH_MAX), "Refresh period of --watch")
 def status_cmd(as_json: bool, by_event_type: bool, watch: bool, interval: str, **cli_values: Any) -> None:
     """Is the relay keeping up? Counts, oldest waiting message, expired leases, attempts,
     blocked ordered aggregates (reads only unfinished rows; done is an estimate)."""
