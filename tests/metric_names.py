@@ -14,20 +14,25 @@ alert over nothing never fires. This module holds what their tests share:
   delivered a few messages, and its ``/metrics`` parsed into :class:`Exported`.
 - :func:`unexported`: every selector or grouping label of some queries that the scrape
   does not back, as readable lines (empty when all are).
+- :func:`alert_rules` and :func:`dashboard`: the two files, loaded.
 - :func:`promtool`: the promtool binary, or a skip (a failure under
   ``RELAY_TEST_REQUIRE_SERVICES=1``) when it is not installed.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import socket
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from relay.metrics import FAILURE_CLASSES, OUTCOMES, QUEUE_STATUSES
@@ -35,6 +40,10 @@ from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.relay_process import RelayProcess, relay_env, wait_until
 from tests.services import require_services
+
+ROOT = Path(__file__).resolve().parent.parent
+ALERT_RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "outbox-relay.json"
 
 SKIP_PROMTOOL = (
     "promtool not found: install Debian's `prometheus` package (apt-get install --no-install-recommends"
@@ -44,23 +53,127 @@ SKIP_PROMTOOL = (
 # Prometheus' own functions (2.42, the Debian 12 package, and a few newer ones): an
 # identifier followed by "(" must be one of these or an aggregation below.
 FUNCTIONS = frozenset(
-    """
-    abs absent absent_over_time acos acosh asin asinh atan atanh avg_over_time ceil changes clamp
-    clamp_max clamp_min cos cosh count_over_time day_of_month day_of_week day_of_year days_in_month
-    deg delta deriv exp floor histogram_count histogram_fraction histogram_quantile histogram_sum
-    histogram_avg histogram_stddev histogram_stdvar holt_winters double_exponential_smoothing hour
-    idelta increase irate label_join label_replace last_over_time ln log10 log2 mad_over_time
-    max_over_time min_over_time minute month pi predict_linear present_over_time quantile_over_time
-    rad rate resets round scalar sgn sin sinh sort sort_desc sort_by_label sort_by_label_desc sqrt
-    stddev_over_time stdvar_over_time sum_over_time tan tanh time timestamp vector year
-    """.split()
+    {
+        "abs",
+        "absent",
+        "absent_over_time",
+        "acos",
+        "acosh",
+        "asin",
+        "asinh",
+        "atan",
+        "atanh",
+        "avg_over_time",
+        "ceil",
+        "changes",
+        "clamp",
+        "clamp_max",
+        "clamp_min",
+        "cos",
+        "cosh",
+        "count_over_time",
+        "day_of_month",
+        "day_of_week",
+        "day_of_year",
+        "days_in_month",
+        "deg",
+        "delta",
+        "deriv",
+        "exp",
+        "floor",
+        "histogram_count",
+        "histogram_fraction",
+        "histogram_quantile",
+        "histogram_sum",
+        "histogram_avg",
+        "histogram_stddev",
+        "histogram_stdvar",
+        "holt_winters",
+        "double_exponential_smoothing",
+        "hour",
+        "idelta",
+        "increase",
+        "irate",
+        "label_join",
+        "label_replace",
+        "last_over_time",
+        "ln",
+        "log10",
+        "log2",
+        "mad_over_time",
+        "max_over_time",
+        "min_over_time",
+        "minute",
+        "month",
+        "pi",
+        "predict_linear",
+        "present_over_time",
+        "quantile_over_time",
+        "rad",
+        "rate",
+        "resets",
+        "round",
+        "scalar",
+        "sgn",
+        "sin",
+        "sinh",
+        "sort",
+        "sort_desc",
+        "sort_by_label",
+        "sort_by_label_desc",
+        "sqrt",
+        "stddev_over_time",
+        "stdvar_over_time",
+        "sum_over_time",
+        "tan",
+        "tanh",
+        "time",
+        "timestamp",
+        "vector",
+        "year",
+    }
 )
 AGGREGATIONS = frozenset(
-    "sum min max avg group stddev stdvar count count_values bottomk topk quantile limitk limit_ratio".split()
+    {
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
+        "limitk",
+        "limit_ratio",
+    }
 )
 # Binary operators spelled as words, modifiers, and the number literals that look like names.
-KEYWORDS = frozenset("and or unless atan2 bool offset inf nan".split())
-GROUPING = frozenset("by without on ignoring group_left group_right".split())
+KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "unless",
+        "atan2",
+        "bool",
+        "offset",
+        "inf",
+        "nan",
+    }
+)
+GROUPING = frozenset(
+    {
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    }
+)
 # `@ start()` and `@ end()`: modifiers that look like calls.
 AT_FUNCTIONS = frozenset({"start", "end"})
 
@@ -371,3 +484,15 @@ def promtool() -> str:
             pytest.fail(SKIP_PROMTOOL)
         pytest.skip(SKIP_PROMTOOL)
     return path
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    """Every rule of deploy/prometheus/alerts.yml, over all its groups."""
+    doc = yaml.safe_load(ALERT_RULES.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def dashboard() -> dict[str, Any]:
+    """deploy/grafana/outbox-relay.json, parsed."""
+    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return loaded
