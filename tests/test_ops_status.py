@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import contextlib
 import os
 import pty
 import select
@@ -122,7 +123,14 @@ def test_status_watch_redraws_in_place_until_ctrl_c(relay_dsn: str, names: Outbo
                 screen += os.read(primary, 65536)
     finally:
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=10)
+        # Keep reading the terminal until the process is gone: a frame it writes meanwhile
+        # must not block on a full pty (which no signal would unblock).
+        deadline = time.monotonic() + 10
+        while proc.poll() is None and time.monotonic() < deadline:
+            if select.select([primary], [], [], 0.1)[0]:
+                with contextlib.suppress(OSError):
+                    screen += os.read(primary, 65536)
+        _, err = proc.communicate(timeout=1)
         os.close(primary)
     assert proc.returncode == 0, err
     assert screen.count(CLEAR_SCREEN.encode()) >= 3

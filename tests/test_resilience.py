@@ -22,6 +22,9 @@ from tests.conftest import Db
 from tests.helpers import make_worker, settings_for, terminate_relay_sessions
 from tests.relay_process import wait_until_async
 
+# terminate_relay_sessions ends every relay session in the database, other tests' too.
+pytestmark = pytest.mark.serial
+
 
 def test_the_database_refuses_two_ordered_messages_of_one_aggregate_in_flight(db: Db) -> None:
     ids = db.insert([("a", "E", {}), ("a", "E", {})])

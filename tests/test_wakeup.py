@@ -275,7 +275,8 @@ def _waiting_for_lock(db: Db, suffix: str) -> int:
     cur = db.conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
         " AND wait_event_type = 'Lock' AND query LIKE %s",
-        (f'%"{db.names.table}{suffix}"%',),
+        # Schema-qualified: other tests' outboxes (running beside this one) are all "outbox".
+        (f'%"{db.names.schema}"."{db.names.table}{suffix}"%',),
     )
     row = cur.fetchone()
     return int(row[0]) if row else 0
