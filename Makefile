@@ -52,11 +52,11 @@ run: venv
 # under 10 minutes on 2 cores.
 #
 # Two passes: everything that shares nothing with its neighbours on two processes (the
-# tests mostly wait on subprocesses, brokers and the database; pytest-xdist, one file per
-# process at a time), then the fault scenarios and the `serial` tests, which stop RabbitMQ
+# tests mostly wait on subprocesses, brokers and the database; pytest-xdist), then the
+# fault scenarios and the `serial` tests, which stop RabbitMQ
 # or kill every relay session in the database, alone. Both must pass.
 test: venv
-	@$(BIN)/pytest -n 2 --dist loadfile -m "not extended and not faults and not serial" $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/pytest -n 2 -m "not extended and not faults and not serial" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	$(BIN)/pytest -m "(faults or serial) and not extended" $(PYTEST_ARGS); rc2=$$?; \
 	if [ $$rc2 -eq 5 ]; then echo "make test: pytest collected no fault tests" >&2; exit 1; fi; \

@@ -103,10 +103,21 @@ async def test_status_cli_text_json_and_event_types(scene: Scene, db: Db, relay_
     assert "EVENT TYPE" not in proc.stdout  # the breakdown only on request
 
 
+def popen_with_ctrl_c(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen`` with SIGINT at its default in the child, as in a terminal: a test
+    run started in the background of a shell inherits SIGINT ignored, and so would the
+    child (which would then keep running on Ctrl-C, as nohup'd programs rightly do)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # handled here: default after exec
+    try:
+        return subprocess.Popen(args, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_status_watch_redraws_in_place_until_ctrl_c(relay_dsn: str, names: OutboxNames) -> None:
     # On a terminal (a pty here) it clears and redraws; Ctrl-C ends it with exit code 0.
     primary, secondary = pty.openpty()
-    proc = subprocess.Popen(
+    proc = popen_with_ctrl_c(
         [RELAY, "status", "--dsn", relay_dsn, "--schema", names.schema, "--watch", "--interval", "200ms"],
         stdin=subprocess.DEVNULL,
         stdout=secondary,
@@ -140,7 +151,7 @@ def test_status_watch_redraws_in_place_until_ctrl_c(relay_dsn: str, names: Outbo
 
 
 def test_status_watch_piped_prints_one_frame_after_another(relay_dsn: str, names: OutboxNames) -> None:
-    proc = subprocess.Popen(
+    proc = popen_with_ctrl_c(
         [RELAY, "status", "--dsn", relay_dsn, "--schema", names.schema, "--watch", "--interval", "200ms", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -162,7 +162,9 @@ async def start_behind_slow_confirms(
     return exchange, queue, env, relay
 
 
-@pytest.mark.parametrize("kind", ["locked", "unlocked"])
+# The unlocked producers' variant is extended (make test-all): make test keeps the
+# producers the design reference prescribes; the prefetch's release does not depend on them.
+@pytest.mark.parametrize("kind", ["locked", pytest.param("unlocked", marks=pytest.mark.extended)])
 async def test_a_relay_killed_with_a_batch_in_hand_and_one_prefetched_loses_nothing_and_keeps_order(
     kind: str,
     pg_dsn: str,
@@ -200,7 +202,9 @@ async def test_a_relay_killed_with_a_batch_in_hand_and_one_prefetched_loses_noth
     assert all(r["lease_version"] >= 2 for r in db.rows() if r["id"] in again)
 
 
-@pytest.mark.parametrize("kind", ["locked", "unlocked"])
+# The unlocked producers' variant is extended (make test-all): make test keeps the
+# producers the design reference prescribes; the prefetch's release does not depend on them.
+@pytest.mark.parametrize("kind", ["locked", pytest.param("unlocked", marks=pytest.mark.extended)])
 async def test_sigterm_with_a_prefetched_batch_releases_it_and_exits_0(
     kind: str,
     pg_dsn: str,

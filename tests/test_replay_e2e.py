@@ -168,6 +168,8 @@ async def test_replay_of_an_id_range_into_a_fresh_rabbitmq_queue_while_the_live_
     assert live.stop() == 0, live.tail()
 
 
+# Long (about 18 s): make test-all runs it; make test keeps the id-range replay beside a live relay.
+@pytest.mark.extended
 def test_replay_into_a_fresh_sqs_fifo_queue_and_again_into_the_live_one(
     pg_dsn: str, producer_dsn: str, relay_dsn: str, names: OutboxNames, db: Db, make_queue: Any,
     moto_endpoint: str, sqs_client: Any, relays: list[RelayProcess],
@@ -238,6 +240,8 @@ async def test_a_dry_run_publishes_nothing_and_changes_nothing(
     assert db.rows() == before
 
 
+# Long (about 24 s): make test-all runs it; make test keeps the id-range replay beside a live relay.
+@pytest.mark.extended
 async def test_ctrl_c_mid_replay_prints_a_resume_command_that_finishes_the_rest(
     pg_dsn: str,
     producer_dsn: str,

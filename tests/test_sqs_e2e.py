@@ -143,7 +143,10 @@ def test_a_queue_created_after_the_relay_started_is_used_within_seconds(
         env=env,
     )  # fmt: skip
     try:
-        time.sleep(3)  # several outage rounds
+        # The first outage line (a loaded machine may take seconds to start the relay),
+        # then several outage rounds.
+        assert wait_until(lambda: "is unavailable" in relay.stderr() or not relay.running(), timeout=20)
+        time.sleep(2)
         assert relay.running(), relay.stderr()
         statuses = db.statuses()
         assert "done" not in statuses and "dead" not in statuses, statuses
