@@ -86,6 +86,13 @@ async def seed(store: OutboxStore, db: Db) -> Seeded:
     )
 
 
+@pytest.fixture
+async def seeded(make_store: Any, db: Db) -> tuple[OutboxStore, Seeded]:
+    """:func:`seed` on the test's outbox, its ordering map stored first; the store it used."""
+    store = await make_store(ORDERING)
+    return store, await seed(store, db)
+
+
 # ---- a console over the test's outbox, served on a real loopback port
 
 TOKEN = "alice=" + "s3cret-token-" + "0123456789abcdef"

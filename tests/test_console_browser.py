@@ -21,7 +21,7 @@ from relay.ops.deadletters import group_key
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.conftest import Db
-from tests.console_seed import BILLING_500, ORDERING, SECRET, RunningConsole, Seeded, seed
+from tests.console_seed import BILLING_500, SECRET, RunningConsole, Seeded
 from tests.deliveries import QueueReader
 from tests.rabbitmq_broker import AmqpService, Rabbit, relay_args
 from tests.relay_process import RelayProcess, wait_until_async
@@ -76,12 +76,6 @@ async def shoot(page: Any, shots: Path, name: str) -> None:
     path = shots / f"{name}.png"
     await page.screenshot(path=str(path), full_page=True)
     assert path.stat().st_size > 10_000, f"{name}.png is nearly empty"
-
-
-@pytest.fixture
-async def seeded(make_store: Any, db: Db) -> tuple[OutboxStore, Seeded]:
-    store = await make_store(ORDERING)
-    return store, await seed(store, db)
 
 
 async def text(page: Any, testid: str) -> str:

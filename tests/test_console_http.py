@@ -11,7 +11,6 @@ from datetime import timedelta
 from typing import Any
 
 import aiohttp
-import pytest
 
 from relay.message import Decision
 from relay.ops.deadletters import group_key
@@ -24,7 +23,6 @@ from tests.console_seed import (
     SECRET,
     RunningConsole,
     Seeded,
-    seed,
 )
 from tests.ops_helpers import claim_until
 
@@ -34,12 +32,6 @@ Session = aiohttp.ClientSession
 def client() -> Session:
     # unsafe=True: keep cookies from a numeric host (127.0.0.1), as a browser does.
     return aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
-
-
-@pytest.fixture
-async def seeded(make_store: Any, db: Db) -> tuple[OutboxStore, Seeded]:
-    store = await make_store(ORDERING)
-    return store, await seed(store, db)
 
 
 async def get(url: str, path: str, session: Session | None = None) -> tuple[int, str]:

@@ -7,7 +7,6 @@ before anything changes (a :class:`relay.errors.ConfigError`, one line and exit 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -18,12 +17,11 @@ from relay.cli.common import OPS_OPTIONS, AsciiInt, F, check_text, ops_setup, ru
 from relay.durations import parse_moment
 from relay.errors import ConfigError, shown
 from relay.ids import parse_outbox_id
-from relay.ops.deadletters import default_operator, group_dead, list_dead, retry, select_ids, skip
+from relay.ops.deadletters import GROUP_KEY, default_operator, group_dead, list_dead, retry, select_ids, skip
 from relay.ops.queries import Conn, DeadFilter
 from relay.ops.render import jsonable, refusal_line, render_groups, render_list, render_write
 from relay.sqlnames import OutboxNames
 
-_GROUP_KEY = re.compile(r"[0-9a-f]{8}")
 LIST_MAX = 1_000_000  # rows `dead list` prints at most: a table that long is read with --json
 
 
@@ -103,7 +101,7 @@ def _selection(ids: tuple[str, ...], group: str | None, all_dead: bool, cli_valu
     numbers = []
     for raw in ids:
         numbers.append(parse_outbox_id(raw))
-    if group is not None and not _GROUP_KEY.fullmatch(group):
+    if group is not None and not GROUP_KEY.fullmatch(group):
         raise ConfigError(
             f"invalid --group {shown(group)}: expected the 8-character key `relay dead list --group` shows"
         )

@@ -5,7 +5,6 @@ templates. Nothing here renders HTML, and nothing here writes but :func:`act`.""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ from relay.errors import ConfigError
 from relay.ids import parse_outbox_id
 from relay.ops import queries
 from relay.ops.deadletters import (
+    GROUP_KEY,
     Action,
     DeadGroup,
     WriteResult,
@@ -113,12 +113,7 @@ async def message(conn: Conn, names: OutboxNames, outbox_id: int) -> MessagePage
     ahead = None
     if m.ordered and m.aggregate_seq is not None and m.head_seq is not None and m.status != "done":
         ahead = max(m.aggregate_seq - m.head_seq, 0)
-    explanation = None
-    if m.ordered:
-        try:
-            explanation = await explain(conn, names, m.aggregate_id)
-        except ConfigError:
-            explanation = None  # finished and without ordered history: nothing to explain
+    explanation = await _explanation(conn, names, m.aggregate_id) if m.ordered else None
     return MessagePage(m, payload, headers if isinstance(headers, dict) else None, ahead, explanation)
 
 
@@ -144,11 +139,17 @@ class AggregatePage:
     recent_ids: int = RECENT_IDS
 
 
-async def aggregate(conn: Conn, names: OutboxNames, aggregate_id: str) -> AggregatePage:
+async def _explanation(conn: Conn, names: OutboxNames, aggregate_id: str) -> Explanation | None:
+    """`relay explain`'s verdict, or None for an aggregate with nothing unfinished and no
+    ordered history (which explain refuses as not found)."""
     try:
-        explanation: Explanation | None = await explain(conn, names, aggregate_id)
+        return await explain(conn, names, aggregate_id)
     except ConfigError:
-        explanation = None
+        return None
+
+
+async def aggregate(conn: Conn, names: OutboxNames, aggregate_id: str) -> AggregatePage:
+    explanation = await _explanation(conn, names, aggregate_id)
     rows = await queries.aggregate_messages(conn, names, aggregate_id, recent=RECENT_IDS, limit=AGGREGATE_ROWS)
     return AggregatePage(aggregate_id, explanation, rows)
 
@@ -176,7 +177,7 @@ def action_request(form: Mapping[str, str]) -> ActionRequest:
     raw_ids = form.get("ids", "").replace(",", " ").split()
     ids = tuple(parse_outbox_id(i) for i in raw_ids)
     group = form.get("group") or None
-    if group is not None and not re.fullmatch(r"[0-9a-f]{8}", group):
+    if group is not None and not GROUP_KEY.fullmatch(group):
         raise ConfigError("invalid group: expected the 8-hex-digit key `relay dead list --group` shows")
     if not raw_ids and group is None:
         raise ConfigError(f"nothing to {action}: give dead message ids or a group")

@@ -34,6 +34,8 @@ from relay.sqlnames import OutboxNames
 log = logging.getLogger("relay.dead")
 
 Action = Literal["retry", "skip"]
+# What group_key() returns: `relay dead ... --group KEY` and the console check a key with it.
+GROUP_KEY = re.compile(r"[0-9a-f]{8}")
 
 
 @dataclass(frozen=True)
