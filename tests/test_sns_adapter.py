@@ -47,7 +47,9 @@ async def publisher(moto_endpoint: str) -> AsyncIterator[MakePublisher]:
     publisher on its own boto3 session (with the faults' hook), started, closed after the test.
 
     SDK retries are off (1 attempt) unless a test asks, so each injected fault is seen once
-    and no SDK backoff slows the suite; timeouts are short for the socket faults.
+    and no SDK backoff slows the suite. The timeouts are the product's defaults (2 s, 5 s) so
+    that a moto slowed by a loaded machine is not a fault; the socket-fault tests pass
+    short ones of their own (0.5 s ones failed a concurrent-publish test once in CI).
     """
     made: list[SnsPublisher] = []
 
@@ -63,8 +65,8 @@ async def publisher(moto_endpoint: str) -> AsyncIterator[MakePublisher]:
             "topic_arn": arn,
             "endpoint_url": endpoint,
             "sdk_attempts": 1,
-            "connect_timeout_s": 0.5,
-            "read_timeout_s": 0.5,
+            "connect_timeout_s": 2.0,
+            "read_timeout_s": 5.0,
         }
         fields.update(overrides)
         session = boto3.session.Session()

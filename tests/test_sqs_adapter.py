@@ -47,7 +47,9 @@ async def publisher(moto_endpoint: str) -> AsyncIterator[MakePublisher]:
     its own boto3 session (with the faults' hook), started, closed after the test.
 
     SDK retries are off (1 attempt) unless a test asks, so each injected fault is seen once
-    and no SDK backoff slows the suite; timeouts are short for the socket faults.
+    and no SDK backoff slows the suite. The timeouts are the product's defaults (2 s, 5 s) so
+    that a moto slowed by a loaded machine is not a fault; the socket-fault tests pass
+    short ones of their own (0.5 s ones failed a concurrent-publish test once in CI).
     """
     made: list[SqsPublisher] = []
 
@@ -58,8 +60,8 @@ async def publisher(moto_endpoint: str) -> AsyncIterator[MakePublisher]:
             "region": "us-east-1",
             "endpoint_url": f"{parts.scheme}://{parts.netloc}",
             "sdk_attempts": 1,
-            "connect_timeout_s": 0.5,
-            "read_timeout_s": 0.5,
+            "connect_timeout_s": 2.0,
+            "read_timeout_s": 5.0,
         }
         fields.update(overrides)
         session = boto3.session.Session()
@@ -314,7 +316,7 @@ async def test_concurrent_publishes_share_one_client(
     p = await publisher(url)
     batches = [[msg(w * 100 + i, f"a{i}") for i in range(40)] for w in range(4)]
     results = await asyncio.gather(*(p.publish(b) for b in batches))
-    assert all(r == [None] * 40 for r in results)
+    assert all(r == [None] * 40 for r in results), results
     assert len(receive_all(sqs_client, url)) == 160
 
 
