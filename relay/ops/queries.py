@@ -52,6 +52,11 @@ def _masked(error: str | None) -> str | None:
     return mask(error) if error else error
 
 
+def _fields_masked(r: Row) -> dict[str, Any]:
+    """A row whose columns are exactly a dataclass's fields, its ``last_error`` masked."""
+    return {**r, "last_error": _masked(r["last_error"])}
+
+
 # ---- status
 
 
@@ -378,18 +383,7 @@ class BlockedHead:
 
     @classmethod
     def from_row(cls, r: Row) -> BlockedHead:
-        return cls(
-            now=r["now"],
-            id=r["id"],
-            aggregate_type=r["aggregate_type"],
-            aggregate_id=r["aggregate_id"],
-            event_type=r["event_type"],
-            attempts=r["attempts"],
-            created_at=r["created_at"],
-            last_error=_masked(r["last_error"]),
-            aggregate_seq=r["aggregate_seq"],
-            behind=r["behind"],
-        )
+        return cls(**_fields_masked(r))
 
 
 async def blocked_heads(conn: Conn, names: OutboxNames, limit: int) -> list[BlockedHead]:
@@ -430,7 +424,7 @@ class MessageDetail:
 
     @classmethod
     def from_row(cls, r: Row) -> MessageDetail:
-        return cls(**{**r, "last_error": _masked(r["last_error"])})
+        return cls(**_fields_masked(r))
 
 
 async def message_detail(conn: Conn, names: OutboxNames, outbox_id: int) -> MessageDetail | None:
@@ -455,7 +449,7 @@ class AggregateMessage:
 
     @classmethod
     def from_row(cls, r: Row) -> AggregateMessage:
-        return cls(**{**r, "last_error": _masked(r["last_error"])})
+        return cls(**_fields_masked(r))
 
 
 async def aggregate_messages(
