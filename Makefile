@@ -28,13 +28,10 @@ RUN_BROKER ?= log
 
 .PHONY: venv run test test-all test-faults lint format demo bench bench-rabbitmq bench-sqs soak console-screenshots clean
 
-# --no-compile: pip would byte-compile every installed module (botocore's and moto's
-# thousands among them) up front, about half of the install's minute; Python compiles
-# those a run imports as it imports them.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
