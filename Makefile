@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 RUN_DSN ?= postgresql://postgres@127.0.0.1:5432/test
 RUN_BROKER ?= log
 
-.PHONY: venv run test test-all test-faults lint format demo bench bench-rabbitmq bench-sqs soak console-screenshots clean
+.PHONY: venv bytecode run test test-all test-faults lint format demo bench bench-rabbitmq bench-sqs soak console-screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The project's own modules compiled ahead: where PYTHONDONTWRITEBYTECODE is set (as on
+# this machine), Python never caches what it compiles, and each of the hundreds of
+# `relay` processes the tests start would compile them again (a start of `relay` took
+# 0.52 s with them compiled, 0.77 s without: medians of 12). Only what changed is
+# compiled again, in well under a second.
+bytecode: venv
+	@$(BIN)/python -m compileall -q relay adapters tests scripts
 
 # The whole product in one command: a demo outbox in the local PostgreSQL, producers,
 # `relay start --broker sqs` into an embedded SQS FIFO queue, and a consumer's verdict.
@@ -55,7 +63,7 @@ run: venv
 # tests mostly wait on subprocesses, brokers and the database; pytest-xdist), then the
 # fault scenarios and the `serial` tests, which stop RabbitMQ
 # or kill every relay session in the database, alone. Both must pass.
-test: venv
+test: bytecode
 	@$(BIN)/pytest -n 2 -m "not extended and not faults and not serial" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	$(BIN)/pytest -m "(faults or serial) and not extended" $(PYTEST_ARGS); rc2=$$?; \
@@ -63,13 +71,13 @@ test: venv
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$rc2
 
 # Everything, the long scenarios (marker `extended`) included.
-test-all: venv
+test-all: bytecode
 	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-all: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The whole fault-injection suite (`make test` runs a representative part); REPEAT=5 runs it 5 times.
 REPEAT ?= 1
-test-faults: venv
+test-faults: bytecode
 	@for i in $$(seq $(REPEAT)); do echo "fault suite, run $$i of $(REPEAT)"; \
 	  $(BIN)/pytest -m faults -s $(PYTEST_ARGS) || exit 1; done
 
