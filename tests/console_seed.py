@@ -110,15 +110,27 @@ class RunningConsole:
 async def console_factory(
     relay_dsn: str, names: OutboxNames
 ) -> AsyncIterator[Callable[..., Awaitable[RunningConsole]]]:
-    """``await console_factory(allow_actions=..., by=...)``: the console's app as `relay
-    console` builds it (relay role, its own pool), on an aiohttp TestServer."""
+    """``await console_factory(allow_actions=..., by=..., allowed_hosts=...)``: the console's
+    app as `relay console` builds it (relay role, its own pool), on an aiohttp TestServer
+    on 127.0.0.1 (``allowed_hosts``: as `relay console` bound there, unless given)."""
     started: list[tuple[TestServer, AsyncConnectionPool[Any], asyncio.Task[None]]] = []
     stop = asyncio.Event()
 
-    async def start(*, allow_actions: bool = True, by: str | None = None, refresh_s: float = 2.0) -> RunningConsole:
+    async def start(
+        *,
+        allow_actions: bool = True,
+        by: str | None = None,
+        refresh_s: float = 2.0,
+        allowed_hosts: frozenset[str] | None = frozenset(),
+    ) -> RunningConsole:
         pool = await open_pool(relay_dsn, 2)
         config = ConsoleConfig(
-            names=names, where=describe_dsn(relay_dsn), allow_actions=allow_actions, by=by, refresh_s=refresh_s
+            names=names,
+            where=describe_dsn(relay_dsn),
+            allow_actions=allow_actions,
+            by=by,
+            refresh_s=refresh_s,
+            allowed_hosts=allowed_hosts,
         )
         history = History()
         console = Console(config, pool, history, Guard((parse_token(TOKEN),)))

@@ -45,6 +45,7 @@ async def test_bound_beyond_loopback_it_warns_about_tls(relay_dsn: str, names: O
     args = ["console", "--dsn", relay_dsn, "--schema", names.schema, "--port", "0", "--host", "0.0.0.0"]
     with RelayProcess(*args) as proc:
         await proc.wait_for_log("beyond this host: put it behind a proxy that terminates TLS", timeout=30)
+        await proc.wait_for_log("answers to any Host name on a wildcard address", timeout=5)
         assert proc.stop(timeout=15) == 0
 
 
@@ -59,6 +60,8 @@ async def test_bound_beyond_loopback_it_warns_about_tls(relay_dsn: str, names: O
         (["--sample-interval", "1h"], {}, "invalid --sample-interval"),
         (["--port", "70000"], {}, "70000 is not in the range 0..65,535"),
         (["--by", ""], {}, "invalid --by: empty"),
+        (["--allow-host", "relay.example:8465"], {}, "invalid --allow-host 'relay.example:8465': a host name"),
+        (["--allow-host", " "], {}, "invalid --allow-host ' '"),
     ],
 )
 def test_bad_input_is_one_line(

@@ -11,7 +11,9 @@ from datetime import timedelta
 from typing import Any
 
 import aiohttp
+import pytest
 
+from relay.console import pages
 from relay.message import Decision
 from relay.ops.deadletters import group_key
 from relay.store import OutboxStore
@@ -233,3 +235,118 @@ async def test_no_page_shows_a_password_a_token_or_producer_markup(
     _, page = await raw_get(c.url, f"/messages/{oid}")
     assert "&lt;img src=x onerror=alert(1)&gt;" in page  # shown as text
     assert db.row(oid)["aggregate_id"] == "<script>alert(1)</script>"
+
+
+async def test_a_confirm_refuses_a_message_claimed_again_since_its_preview(
+    console_factory: Any, seeded: tuple[OutboxStore, Seeded], db: Db
+) -> None:
+    store, s = seeded
+    c: RunningConsole = await console_factory()
+    email = s.mailer[0]
+    first_error = db.row(email)["last_error"]
+    bob = {"Authorization": f"Bearer {SECRET}"}
+    async with client() as alice:
+        # Alice previews a skip of the email that failed with the mailer's error ...
+        status, page = await action(
+            alice,
+            c,
+            "/actions/preview",
+            {"action": "skip", "ids": str(email), "reason": "bad address", "token": SECRET},
+        )
+        assert status == 200, page
+        confirm = dict(re.findall(r'name="(ids|versions|reason|action|csrf)" value="([^"]*)"', page))
+        assert confirm["ids"] == str(email) and confirm["versions"] == str(db.row(email)["lease_version"])
+        # ... meanwhile Bob re-drives it, a relay claims it, and it dies of something else.
+        async with client() as session:
+            status, page = await action(session, c, "/actions/apply", {"action": "retry", "ids": str(email)}, **bob)
+            assert status == 200, page
+        claimed = await claim_until(store, {email})
+        assert not await store.finalize([Decision.dead(claimed[email], "551 mailbox moved")])
+        # Alice's confirm names the row as she saw it: refused whole, nothing written.
+        status, page = await action(alice, c, "/actions/apply", confirm)
+        assert status == 409 and "changed since the preview" in page
+        row = db.row(email)
+        assert (row["status"], row["last_error"], row["resolution"]) == ("dead", "551 mailbox moved", "retried")
+        assert first_error != row["last_error"]
+        # Previewed again, the same confirm goes through.
+        status, page = await action(
+            alice,
+            c,
+            "/actions/preview",
+            {"action": "skip", "ids": str(email), "reason": "bad address", "csrf": confirm["csrf"]},
+        )
+        assert status == 200, page
+        again = dict(re.findall(r'name="(ids|versions|reason|action|csrf)" value="([^"]*)"', page))
+        status, page = await action(alice, c, "/actions/apply", again)
+        assert status == 200, page
+    assert (db.row(email)["status"], db.row(email)["resolution"]) == ("done", "skipped")
+
+
+async def test_a_group_action_over_the_limit_is_refused_before_anything_changes(
+    console_factory: Any, seeded: tuple[OutboxStore, Seeded], db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, s = seeded
+    monkeypatch.setattr(pages, "ACTION_MAX", len(s.billing) - 1)  # the billing group is one over
+    c: RunningConsole = await console_factory()
+    billing = group_key(BILLING_500.format(n=1, req="ab12cd34ef56ab78"))
+    auth = {"Authorization": f"Bearer {SECRET}"}
+    async with client() as session:
+        status, page = await action(session, c, "/actions/preview", {"action": "retry", "group": billing}, **auth)
+        assert status == 400 and "too many messages for one action from the console" in page
+        ids = " ".join(map(str, s.billing))
+        status, page = await action(session, c, "/actions/apply", {"action": "retry", "ids": ids}, **auth)
+        assert status == 400 and "relay dead retry|skip" in page
+    assert all(db.row(oid)["status"] == "dead" for oid in s.billing)
+
+
+async def test_a_host_it_does_not_answer_to_is_refused_and_reads_nothing(
+    console_factory: Any, seeded: tuple[OutboxStore, Seeded], db: Db
+) -> None:
+    """DNS rebinding: another site's name resolving to 127.0.0.1 comes with that name as Host."""
+    _, s = seeded
+    c: RunningConsole = await console_factory()
+    port = c.url.rsplit(":", 1)[1]
+    head = s.dead_heads["order-17"]
+    for path in ("/", "/dead", f"/messages/{head}", "/aggregate?id=order-17", "/healthz"):
+        async with client() as session, session.get(c.url + path, headers={"Host": f"evil.example:{port}"}) as r:
+            body = await r.text()
+            assert r.status == 403 and "does not answer to the name 'evil.example'" in body, (path, body)
+            assert "order-17" not in body and "billing" not in body.lower() and "test" not in body
+            assert r.headers["Content-Security-Policy"].startswith("default-src 'none'")
+    async with client() as session:
+        status, _ = await action(
+            session, c, "/actions/apply", {"action": "retry", "ids": str(head)},
+            Host=f"evil.example:{port}", Authorization=f"Bearer {SECRET}",
+        )  # fmt: skip
+        assert status == 403 and db.row(head)["status"] == "dead"
+        for name in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            async with session.get(c.url + "/blocked", headers={"Host": name}) as r:
+                assert r.status == 200 and "order-17" in await r.text()
+    # Behind a proxy that forwards its own name, --allow-host names it.
+    proxied: RunningConsole = await console_factory(allowed_hosts=frozenset({"relay.example.com"}))
+    async with client() as session, session.get(proxied.url + "/", headers={"Host": "relay.example.com"}) as r:
+        assert r.status == 200
+
+
+async def test_error_pages_carry_the_security_headers_and_bad_input_is_a_400(
+    console_factory: Any, seeded: tuple[OutboxStore, Seeded], db: Db
+) -> None:
+    _, s = seeded
+    c: RunningConsole = await console_factory()
+    async with client() as session:
+        for path, code in (("/messages/abc", 400), ("/messages/999999999", 404), ("/nowhere", 404)):
+            async with session.get(c.url + path) as r:
+                assert r.status == code, path
+                assert r.headers["Content-Security-Policy"].startswith("default-src 'none'"), path
+                assert r.headers["X-Frame-Options"] == "DENY" and r.headers["Cache-Control"] == "no-store", path
+        async with session.post(c.url + "/actions/preview", data={}) as r:
+            assert r.status == 403 and "Content-Security-Policy" in r.headers
+        # A NUL in a skip's reason, or a check value beyond ASCII: refused, not a 500.
+        head = s.dead_heads["order-17"]
+        form = {"action": "skip", "ids": str(head), "reason": "a\x00b", "token": SECRET}
+        status, page = await action(session, c, "/actions/preview", form)
+        assert status == 400 and "invalid reason: it contains a NUL" in page
+        status, page = await action(session, c, "/actions/preview", {**form, "reason": "ok"})
+        assert status == 200, page  # signed in now
+        status, page = await action(session, c, "/actions/apply", {**form, "reason": "ok", "csrf": "\u00e9" * 64})
+        assert status == 403 and db.row(head)["status"] == "dead"

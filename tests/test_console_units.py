@@ -10,7 +10,8 @@ import pytest
 from relay.console.auth import Guard, Token, parse_token
 from relay.console.chart import HEIGHT, PAD, WIDTH, line_chart
 from relay.console.history import History
-from relay.console.pages import action_request, dead_filter
+from relay.console.hosts import allowed_hosts, answers_to, check_host_name, host_of
+from relay.console.pages import ACTION_MAX, action_request, dead_filter
 from relay.dsn import mask
 from relay.errors import ConfigError
 from relay.ops.status import StatusSummary
@@ -50,6 +51,8 @@ def test_the_guard_knows_its_tokens_sessions_and_csrf_values() -> None:
     assert guard.session_name(sid) == "bob" and guard.session_name("forged") is None
     assert guard.csrf_ok(sid, guard.csrf_for(sid))
     assert not guard.csrf_ok(sid, None) and not guard.csrf_ok(sid, guard.csrf_for(guard.open_session(alice)))
+    # Characters beyond ASCII (compare_digest raises TypeError on such str) are a plain no.
+    assert not guard.csrf_ok(sid, "\u00e9" * 64) and not guard.csrf_ok(sid, "\udcff")
     # Another console process (another key) cannot vouch for this one's sessions.
     assert Guard((bob,)).csrf_for(sid) != guard.csrf_for(sid)
 
@@ -99,8 +102,43 @@ def test_action_forms_are_checked_before_anything_is_read() -> None:
         ({"action": "retry", "group": "GROUP"}, "invalid group"),
         ({"action": "retry"}, "nothing to retry"),
         ({"action": "skip", "ids": "1", "reason": "x" * 501}, "invalid reason"),
+        ({"action": "skip", "ids": "1", "reason": "a\x00b"}, "invalid reason: it contains a NUL"),
+        ({"action": "retry", "ids": "1 2", "versions": "3"}, "one lease_version per id"),
+        ({"action": "retry", "ids": "1", "versions": "-3"}, "lease_versions are ASCII digits"),
+        ({"action": "retry", "ids": "1", "versions": "\u0661"}, "lease_versions are ASCII digits"),
+        ({"action": "retry", "ids": " ".join(map(str, range(1, ACTION_MAX + 2)))}, "at most 10,000"),
     ]:
         with pytest.raises(ConfigError, match=needle):
             action_request(form)
+    # The confirm step's versions pair up with its ids; without them, no fence (as `relay dead`).
+    assert action_request({"action": "retry", "ids": "7 5", "versions": "2 0"}).versions == {7: 2, 5: 0}
+    assert action_request({"action": "retry", "ids": "7"}).versions is None
+    assert (
+        len(action_request({"action": "retry", "ids": " ".join(map(str, range(1, ACTION_MAX + 1)))}).ids) == ACTION_MAX
+    )
+
+
+def test_the_console_answers_to_loopback_names_its_address_and_allow_host_only() -> None:
+    # Bound to loopback: loopback names, and what --allow-host adds (a proxy's name).
+    assert allowed_hosts("127.0.0.1", ()) == frozenset()
+    loopback_only = allowed_hosts("127.0.0.1", ())
+    for header in ("127.0.0.1:8465", "localhost:8465", "LOCALHOST", "[::1]:8465", "127.0.0.2"):
+        assert answers_to(header, loopback_only), header
+    # What DNS rebinding sends: the attacker's own name, whatever it resolves to.
+    for header in ("evil.example:8465", "127.0.0.1.evil.example", "", "[", "localhost.evil.example:8465"):
+        assert not answers_to(header, loopback_only), header
+    proxied = allowed_hosts("127.0.0.1", ("Relay.Example.com",))
+    assert answers_to("relay.example.com", proxied) and answers_to("relay.example.com:443", proxied)
+    assert not answers_to("evil.example", proxied)
+    # Bound to one address: that address too; to a wildcard: any, unless --allow-host names them.
+    assert allowed_hosts("10.1.2.3", ()) == frozenset({"10.1.2.3"})
+    assert allowed_hosts("fd00::5", ("ops.example",)) == frozenset({"fd00::5", "ops.example"})
+    assert answers_to("[fd00::5]:8465", allowed_hosts("fd00::5", ()))
+    assert allowed_hosts("0.0.0.0", ()) is None and answers_to("anything.example", None)
+    assert allowed_hosts("::", ("ops.example",)) == frozenset({"ops.example"})
+    assert host_of("[::1]:8465") == "::1" and host_of("Relay.Example:1") == "relay.example"
+    for bad in ("relay.example:8465", "", " ", "a b", "http://x", "x" * 254, "[::1]"):
+        with pytest.raises(ConfigError, match="invalid --allow-host"):
+            check_host_name(bad)
     with pytest.raises(ConfigError, match="NUL"):
         dead_filter({"error": "a\x00b"})

@@ -42,6 +42,14 @@ SAMPLE_MIN, SAMPLE_MAX = timedelta(seconds=1), timedelta(minutes=10)
     help=f"A token actions must carry (repeatable; also ${TOKEN_ENV}); NAME is who its actions are recorded as.",
 )
 @click.option("--by", default=None, metavar="WHO", help="Record every action as WHO instead of the token's name.")
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A Host name the page answers to besides loopback ones and --host (repeatable): the name a proxy"
+    " forwards. Other names are refused (DNS rebinding).",
+)
 @bounded_duration_option("--history", "1h", (WINDOW_MIN, WINDOW_MAX), "How far back the overview's chart goes")
 @bounded_duration_option("--sample-interval", "5s", (SAMPLE_MIN, SAMPLE_MAX), "How often the chart is sampled")
 def console_cmd(
@@ -50,6 +58,7 @@ def console_cmd(
     allow_actions: bool,
     tokens: tuple[str, ...],
     by: str | None,
+    allow_hosts: tuple[str, ...],
     history: str,
     sample_interval: str,
     **cli_values: Any,
@@ -61,9 +70,12 @@ def console_cmd(
     check_text(by, "--by")
     if by is not None and not by.strip():
         raise ConfigError("invalid --by: empty")
+    for name in allow_hosts:
+        check_text(name, "--allow-host")
     try:
         from relay.console.app import ConsoleConfig
         from relay.console.auth import parse_token
+        from relay.console.hosts import allowed_hosts
         from relay.console.server import ServeOptions, serve
     except ImportError:
         raise ConfigError(f"relay console needs aiohttp and Jinja2, which are not installed: {INSTALL_HINT}") from None
@@ -74,6 +86,12 @@ def console_cmd(
     if allow_actions and not parsed:
         raise ConfigError(f"--allow-actions needs a token: pass --token NAME=SECRET or set ${TOKEN_ENV}")
     dsn, names = ops_setup(cli_values)
-    config = ConsoleConfig(names=names, where=describe_dsn(dsn), allow_actions=allow_actions, by=by)
+    config = ConsoleConfig(
+        names=names,
+        where=describe_dsn(dsn),
+        allow_actions=allow_actions,
+        by=by,
+        allowed_hosts=allowed_hosts(host, allow_hosts),
+    )
     options = ServeOptions(dsn, host, port, tuple(parsed), window, every)
     run(lambda: serve(config, options))

@@ -27,6 +27,7 @@ from relay.console import pages
 from relay.console.auth import Guard
 from relay.console.chart import line_chart
 from relay.console.history import History
+from relay.console.hosts import answers_to, host_of
 from relay.dsn import mask
 from relay.durations import age_text
 from relay.errors import ConfigError, DatabaseUnavailable, first_line
@@ -53,6 +54,8 @@ class ConsoleConfig:
     allow_actions: bool
     by: str | None  # who actions are recorded as; None: the token's name
     refresh_s: float = 2.0  # how often the overview's figures are fetched again
+    # The Host names it answers to beyond loopback ones (relay.console.hosts); None: any.
+    allowed_hosts: frozenset[str] | None = frozenset()
 
 
 def _finalize(value: object) -> object:
@@ -242,7 +245,9 @@ class Console:
 
 
 def make_app(console: Console) -> web.Application:
-    app = web.Application(middlewares=[_errors(console), _headers])
+    # Outermost first: every response, error pages included, gets the headers, and no
+    # handler runs for a Host the console does not answer to.
+    app = web.Application(middlewares=[_headers, _errors(console), _host_check(console)])
     app.add_routes(
         [
             web.get("/", console.overview),
@@ -263,14 +268,41 @@ def make_app(console: Console) -> web.Application:
 
 @web.middleware
 async def _headers(request: web.Request, handler: Handler) -> web.StreamResponse:
-    response = await handler(request)
-    response.headers.setdefault("Content-Security-Policy", CSP)
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    response.headers.setdefault("Referrer-Policy", "same-origin")
-    response.headers.setdefault("X-Frame-Options", "DENY")
-    if not request.path.startswith("/static/"):
-        response.headers.setdefault("Cache-Control", "no-store")
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:  # the router's 404 and 405 come as exceptions
+        _secure(request, exc.headers)
+        raise
+    _secure(request, response.headers)
     return response
+
+
+def _secure(request: web.Request, headers: Any) -> None:
+    headers.setdefault("Content-Security-Policy", CSP)
+    headers.setdefault("X-Content-Type-Options", "nosniff")
+    headers.setdefault("Referrer-Policy", "same-origin")
+    headers.setdefault("X-Frame-Options", "DENY")
+    if not request.path.startswith("/static/"):
+        headers.setdefault("Cache-Control", "no-store")
+
+
+def _host_check(console: Console) -> Middleware:
+    """Refuse a request whose Host the console does not answer to (DNS rebinding)."""
+    allowed = console.config.allowed_hosts
+
+    @web.middleware
+    async def host_check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        header = request.headers.get("Host", "")
+        if not answers_to(header, allowed):
+            # Plain text, not the page: the page's header names the database.
+            return web.Response(
+                status=403,
+                text=f"refused: this console does not answer to the name {host_of(header)[:100]!r}"
+                " (start it with --allow-host NAME if that is its name)\n",
+            )
+        return await handler(request)
+
+    return host_check
 
 
 def _errors(console: Console) -> Middleware:

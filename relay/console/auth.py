@@ -96,7 +96,11 @@ class Guard:
         return hmac.new(self._key, sid.encode(), "sha256").hexdigest()
 
     def csrf_ok(self, sid: str, given: str | None) -> bool:
-        return bool(given) and hmac.compare_digest(self.csrf_for(sid), str(given))
+        # As bytes: compare_digest refuses str with characters beyond ASCII (a TypeError,
+        # which would be a 500 rather than the refusal it is).
+        if not given:
+            return False
+        return hmac.compare_digest(self.csrf_for(sid).encode(), given.encode("utf-8", "surrogateescape"))
 
     def _expire(self) -> None:
         now = time.monotonic()

@@ -5,11 +5,12 @@ templates. Nothing here renders HTML, and nothing here writes but :func:`act`.""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from relay.errors import ConfigError
-from relay.ids import parse_outbox_id
+from relay.ids import BIGINT_MAX, parse_outbox_id
 from relay.ops import queries
 from relay.ops.deadletters import (
     GROUP_KEY,
@@ -36,6 +37,12 @@ PAGE_ROWS = 200
 RECENT_IDS = 100_000
 AGGREGATE_ROWS = 100
 FILTER_MAX = 500  # characters of one filter field
+# The most dead messages one action (a preview and its confirm) takes. The confirm form
+# carries every id and lease_version back (at most 40 bytes a pair: 400 kB, inside
+# aiohttp's 1 MiB request body limit) and the preview lists them all; a larger selection
+# is for `relay dead retry|skip` on the command line, or a narrower filter.
+ACTION_MAX = 10_000
+_VERSION = re.compile(r"[0-9]{1,19}")
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,10 @@ class ActionRequest:
     group: str | None
     flt: DeadFilter
     reason: str
+    # The lease_version of each of ``ids`` as the preview showed it (the confirm form sends
+    # them back): the write refuses a row that has changed since. None: as the rows are now
+    # (a script's direct request, as `relay dead` takes it).
+    versions: Mapping[int, int] | None = None
 
 
 def action_request(form: Mapping[str, str]) -> ActionRequest:
@@ -175,6 +186,7 @@ def action_request(form: Mapping[str, str]) -> ActionRequest:
     if action not in ("retry", "skip"):
         raise ConfigError("invalid action: expected retry or skip")
     raw_ids = form.get("ids", "").replace(",", " ").split()
+    _check_size(len(raw_ids))
     ids = tuple(parse_outbox_id(i) for i in raw_ids)
     group = form.get("group") or None
     if group is not None and not GROUP_KEY.fullmatch(group):
@@ -184,21 +196,47 @@ def action_request(form: Mapping[str, str]) -> ActionRequest:
     reason = form.get("reason", "").strip()
     if len(reason) > FILTER_MAX:
         raise ConfigError(f"invalid reason: longer than {FILTER_MAX} characters")
-    return ActionRequest(action, ids, group, dead_filter(form), reason)  # type: ignore[arg-type]
+    if "\x00" in reason:
+        raise ConfigError("invalid reason: it contains a NUL character")
+    versions = _versions(ids, form.get("versions"))
+    return ActionRequest(action, ids, group, dead_filter(form), reason, versions)  # type: ignore[arg-type]
+
+
+def _versions(ids: tuple[int, ...], given: str | None) -> dict[int, int] | None:
+    if given is None:
+        return None
+    raw = given.split()
+    if len(raw) != len(ids):
+        raise ConfigError("invalid versions: one lease_version per id, in the ids' order (preview again)")
+    if not all(_VERSION.fullmatch(v) and int(v) <= BIGINT_MAX for v in raw):
+        raise ConfigError("invalid versions: lease_versions are ASCII digits (preview again)")
+    return dict(zip(ids, map(int, raw), strict=True))
+
+
+def _check_size(count: int) -> None:
+    if count > ACTION_MAX:
+        raise ConfigError(
+            f"too many messages for one action from the console: {count:,}, at most {ACTION_MAX:,};"
+            " narrow the filter, or use `relay dead retry|skip` on the command line"
+        )
 
 
 async def resolve_ids(conn: Conn, names: OutboxNames, req: ActionRequest) -> list[int]:
-    """The ids ``req`` names: its own, or its group's (matching its filter) now."""
-    if req.ids:
-        return list(req.ids)
-    return await select_ids(conn, names, req.flt, req.group)
+    """The ids ``req`` names: its own, or its group's (matching its filter) now; at most
+    :data:`ACTION_MAX` of them, else ConfigError."""
+    ids = list(req.ids) if req.ids else await select_ids(conn, names, req.flt, req.group)
+    _check_size(len(ids))
+    return ids
 
 
 async def act(
     conn: Conn, names: OutboxNames, req: ActionRequest, ids: list[int], *, by: str, dry_run: bool
 ) -> WriteResult:
     """`relay dead retry|skip` on ``ids``, with its rules (all or nothing, ordered re-drive in
-    id order, a reason for a skip), recorded as done ``by``."""
+    id order, a reason for a skip), recorded as done ``by``; fenced by ``req.versions``
+    when the request carries them."""
     if req.action == "retry":
-        return await retry(conn, names, ids, by=by, note=req.reason or None, dry_run=dry_run)
-    return await skip(conn, names, ids, by=by, reason=req.reason, dry_run=dry_run)
+        return await retry(
+            conn, names, ids, by=by, note=req.reason or None, dry_run=dry_run, expected_versions=req.versions
+        )
+    return await skip(conn, names, ids, by=by, reason=req.reason, dry_run=dry_run, expected_versions=req.versions)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import signal
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from relay.console.app import Console, ConsoleConfig, make_app
 from relay.console.auth import Guard, Token
 from relay.console.history import History, sample_forever
+from relay.console.hosts import is_loopback
 from relay.db import check_schema, connect, open_pool
 from relay.errors import ConfigError
 from relay.ops.status import StatusSummary, read_summary
@@ -36,15 +36,6 @@ class ServeOptions:
     tokens: tuple[Token, ...]
     window: timedelta
     sample_every: timedelta
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def serve(config: ConsoleConfig, options: ServeOptions, stop: asyncio.Event | None = None) -> None:
@@ -81,6 +72,11 @@ async def serve(config: ConsoleConfig, options: ServeOptions, stop: asyncio.Even
                 "console bound to %s, beyond this host: put it behind a proxy that terminates TLS, or tokens and"
                 " pages cross the network in clear text",
                 options.host,
+            )
+        if config.allowed_hosts is None:
+            log.warning(
+                "console answers to any Host name on a wildcard address: name the ones it is reached by with"
+                " --allow-host, or a page on another site can read it through DNS rebinding"
             )
         await stop.wait()
     finally:

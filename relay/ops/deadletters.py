@@ -21,7 +21,7 @@ import hashlib
 import logging
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -175,9 +175,13 @@ async def retry(
     by: str,
     note: str | None = None,
     dry_run: bool = False,
+    expected_versions: Mapping[int, int] | None = None,
 ) -> WriteResult:
-    """Re-drive the dead messages ``ids``: pending, attempts 0, available now, in id order."""
-    return await _write(conn, names, "retry", ids, by=by, note=note, dry_run=dry_run)
+    """Re-drive the dead messages ``ids``: pending, attempts 0, available now, in id order.
+
+    With ``expected_versions`` (id -> lease_version, as a preview saw them), a row claimed
+    since (re-driven by someone else and dead again, say) refuses the whole request."""
+    return await _write(conn, names, "retry", ids, by=by, note=note, dry_run=dry_run, expected=expected_versions)
 
 
 async def skip(
@@ -188,11 +192,13 @@ async def skip(
     by: str,
     reason: str,
     dry_run: bool = False,
+    expected_versions: Mapping[int, int] | None = None,
 ) -> WriteResult:
-    """Mark the dead messages ``ids`` done without delivery, recording ``by`` and ``reason``."""
+    """Mark the dead messages ``ids`` done without delivery, recording ``by`` and ``reason``
+    (``expected_versions`` as for :func:`retry`)."""
     if not reason.strip():
         raise ConfigError("a skip needs a reason: pass --reason TEXT (it is recorded with the message)")
-    return await _write(conn, names, "skip", ids, by=by, note=reason, dry_run=dry_run)
+    return await _write(conn, names, "skip", ids, by=by, note=reason, dry_run=dry_run, expected=expected_versions)
 
 
 async def _write(
@@ -204,17 +210,14 @@ async def _write(
     by: str,
     note: str | None,
     dry_run: bool,
+    expected: Mapping[int, int] | None = None,
 ) -> WriteResult:
     wanted = sorted(set(ids))
     if not wanted:
         raise ConfigError(f"nothing to {action}: give dead message ids, a filter or a group")
     async with conn.transaction():
         found = {r.id: r for r in await queries.dead_lock(conn, names, wanted)}
-        refused = tuple(
-            Refusal(i, "unknown id" if i not in found else f"not dead (status {found[i].status})")
-            for i in wanted
-            if i not in found or found[i].status != "dead"
-        )
+        refused = tuple(r for r in (_refusal(i, found.get(i), expected) for i in wanted) if r is not None)
         candidates = tuple(_touched(found[i]) for i in wanted if i in found and found[i].status == "dead")
         if refused or dry_run:
             # Nothing to write; the transaction ends holding only the row locks it took.
@@ -227,6 +230,19 @@ async def _write(
             "dead message %s by %s", verb, by, extra=log_fields(t.id, t.aggregate_id, t.event_type, t.lease_version)
         )
     return WriteResult(action, dry_run, changed, (), by, note)
+
+
+def _refusal(oid: int, row: LockedRow | None, expected: Mapping[int, int] | None) -> Refusal | None:
+    """Why ``row`` (locked) may not be written, or None."""
+    if row is None:
+        return Refusal(oid, "unknown id")
+    if row.status != "dead":
+        return Refusal(oid, f"not dead (status {row.status})")
+    if expected is not None and expected.get(oid) != row.lease_version:
+        # The fencing token moved: the row was claimed since the preview, so the error and
+        # attempts the operator decided on are not the ones it holds now.
+        return Refusal(oid, "changed since the preview (claimed again); preview again")
+    return None
 
 
 def _touched(r: LockedRow) -> Touched:
