@@ -47,7 +47,28 @@ def pg_dsn() -> Iterator[str]:
             if require_services():
                 pytest.fail(SKIP_PG)
             pytest.skip(SKIP_PG)
+        vacuum_catalogs(dsn)
         yield dsn
+        vacuum_catalogs(dsn)
+
+
+def vacuum_catalogs(dsn: str) -> None:
+    """VACUUM the system catalogs of the test database, before and after a session.
+
+    Every test creates and drops a schema (an outbox, its indexes, triggers, functions
+    and grants), and this machine's PostgreSQL runs without autovacuum, so the dead
+    catalog rows were never reclaimed: after a few runs pg_attribute held 314,642 dead
+    rows and pg_depend 223,845, and the test database had grown to 143 MB (51 MB once
+    vacuumed), which every later catalog lookup paid for. Catalogs only: a RELAY_TEST_DSN
+    may name a database with data of its own. Without the rights, PostgreSQL skips a table
+    with a warning, and so does this.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        catalogs = conn.execute(
+            "SELECT relname FROM pg_class WHERE relnamespace = 'pg_catalog'::regnamespace AND relkind = 'r'"
+        ).fetchall()
+        tables = sql.SQL(", ").join(sql.Identifier("pg_catalog", name) for (name,) in catalogs)
+        conn.execute(sql.SQL("VACUUM {}").format(tables))
 
 
 @dataclass(frozen=True)
