@@ -20,3 +20,11 @@ def parse_outbox_id(raw: str, what: str = "id") -> int:
             f"invalid {what} {shown(raw)}: outbox ids are positive integers (ASCII digits, at most 2^63-1)"
         )
     return int(text)
+
+
+def parse_lease_version(raw: str) -> int:
+    """``raw`` as a lease_version (a form sends back what a preview showed), or a ConfigError."""
+    text = raw.strip()
+    if not _ID.fullmatch(text) or int(text) > BIGINT_MAX:
+        raise ConfigError(f"invalid lease_version {shown(raw)}: ASCII digits, at most 2^63-1 (preview again)")
+    return int(text)

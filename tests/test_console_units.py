@@ -104,8 +104,8 @@ def test_action_forms_are_checked_before_anything_is_read() -> None:
         ({"action": "skip", "ids": "1", "reason": "x" * 501}, "invalid reason"),
         ({"action": "skip", "ids": "1", "reason": "a\x00b"}, "invalid reason: it contains a NUL"),
         ({"action": "retry", "ids": "1 2", "versions": "3"}, "one lease_version per id"),
-        ({"action": "retry", "ids": "1", "versions": "-3"}, "lease_versions are ASCII digits"),
-        ({"action": "retry", "ids": "1", "versions": "\u0661"}, "lease_versions are ASCII digits"),
+        ({"action": "retry", "ids": "1", "versions": "-3"}, "invalid lease_version"),
+        ({"action": "retry", "ids": "1", "versions": "\u0661"}, "invalid lease_version"),
         ({"action": "retry", "ids": " ".join(map(str, range(1, ACTION_MAX + 2)))}, "at most 10,000"),
     ]:
         with pytest.raises(ConfigError, match=needle):

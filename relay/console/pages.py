@@ -5,12 +5,11 @@ templates. Nothing here renders HTML, and nothing here writes but :func:`act`.""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from relay.errors import ConfigError
-from relay.ids import BIGINT_MAX, parse_outbox_id
+from relay.ids import parse_lease_version, parse_outbox_id
 from relay.ops import queries
 from relay.ops.deadletters import (
     GROUP_KEY,
@@ -42,7 +41,6 @@ FILTER_MAX = 500  # characters of one filter field
 # aiohttp's 1 MiB request body limit) and the preview lists them all; a larger selection
 # is for `relay dead retry|skip` on the command line, or a narrower filter.
 ACTION_MAX = 10_000
-_VERSION = re.compile(r"[0-9]{1,19}")
 
 
 @dataclass(frozen=True)
@@ -208,9 +206,7 @@ def _versions(ids: tuple[int, ...], given: str | None) -> dict[int, int] | None:
     raw = given.split()
     if len(raw) != len(ids):
         raise ConfigError("invalid versions: one lease_version per id, in the ids' order (preview again)")
-    if not all(_VERSION.fullmatch(v) and int(v) <= BIGINT_MAX for v in raw):
-        raise ConfigError("invalid versions: lease_versions are ASCII digits (preview again)")
-    return dict(zip(ids, map(int, raw), strict=True))
+    return dict(zip(ids, map(parse_lease_version, raw), strict=True))
 
 
 def _check_size(count: int) -> None:
