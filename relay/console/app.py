@@ -30,7 +30,7 @@ from relay.console.history import History
 from relay.console.hosts import answers_to, host_of
 from relay.dsn import mask
 from relay.durations import age_text
-from relay.errors import ConfigError, DatabaseUnavailable, first_line
+from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
 from relay.ids import parse_outbox_id
 from relay.ops.queries import Conn
 from relay.ops.render import bytes_text
@@ -297,7 +297,7 @@ def _host_check(console: Console) -> Middleware:
             # Plain text, not the page: the page's header names the database.
             return web.Response(
                 status=403,
-                text=f"refused: this console does not answer to the name {host_of(header)[:100]!r}"
+                text=f"refused: this console does not answer to the name {shown(host_of(header))}"
                 " (start it with --allow-host NAME if that is its name)\n",
             )
         return await handler(request)

@@ -59,17 +59,21 @@ def dead_filter(query: Mapping[str, str]) -> DeadFilter:
     ``error``: a substring), as `relay dead list` takes them; ConfigError names a field
     that cannot be used."""
     for key in ("event_type", "aggregate", "error"):
-        value = query.get(key, "")
-        if len(value) > FILTER_MAX:
-            raise ConfigError(f"invalid {key}: longer than {FILTER_MAX} characters")
-        if "\x00" in value:
-            raise ConfigError(f"invalid {key}: it contains a NUL character")
+        _check_text(query.get(key, ""), key)
     event_type = query.get("event_type", "")
     return DeadFilter(
         event_types=(event_type,) if event_type else (),
         aggregate_id=query.get("aggregate") or None,
         error=query.get("error") or None,
     )
+
+
+def _check_text(value: str, key: str) -> None:
+    """A form or query field the database will be given: at most FILTER_MAX characters, no NUL."""
+    if len(value) > FILTER_MAX:
+        raise ConfigError(f"invalid {key}: longer than {FILTER_MAX} characters")
+    if "\x00" in value:
+        raise ConfigError(f"invalid {key}: it contains a NUL character")
 
 
 @dataclass(frozen=True)
@@ -192,10 +196,7 @@ def action_request(form: Mapping[str, str]) -> ActionRequest:
     if not raw_ids and group is None:
         raise ConfigError(f"nothing to {action}: give dead message ids or a group")
     reason = form.get("reason", "").strip()
-    if len(reason) > FILTER_MAX:
-        raise ConfigError(f"invalid reason: longer than {FILTER_MAX} characters")
-    if "\x00" in reason:
-        raise ConfigError("invalid reason: it contains a NUL character")
+    _check_text(reason, "reason")
     versions = _versions(ids, form.get("versions"))
     return ActionRequest(action, ids, group, dead_filter(form), reason, versions)  # type: ignore[arg-type]
 
