@@ -39,6 +39,16 @@ def test_migrate_is_idempotent_and_records_what_it_applied(pg_dsn: str, fresh_sc
     assert rows == [(v, n) for v, n, _ in migrations()]
 
 
+def test_migrate_says_each_migration_once(pg_dsn: str, fresh_schema: str) -> None:
+    """One line per migration on stdout, and no second copy of each in the log (stderr)."""
+    proc = run_relay("migrate", "--dsn", pg_dsn, "--schema", fresh_schema)
+    assert proc.returncode == 0, proc.stderr
+    labels = [f"{v:04d}_{n}" for v, n, _ in migrations()]
+    assert proc.stdout.splitlines() == [f"{fresh_schema}.outbox: applied {label}" for label in labels]
+    output = proc.stdout + proc.stderr
+    assert [output.count(label) for label in labels] == [1] * len(labels), proc.stderr
+
+
 def test_concurrent_migrations_apply_once(pg_dsn: str, fresh_schema: str) -> None:
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: run_relay("migrate", "--dsn", pg_dsn, "--schema", fresh_schema), range(4)))
