@@ -149,6 +149,12 @@ def test_unreachable_database_is_named_and_the_password_masked() -> None:
         assert "s3cretpw" not in proc.stderr + proc.stdout
 
 
+def test_an_unreachable_two_host_dsn_names_each_host_with_its_port() -> None:
+    proc = run_relay("status", "--dsn", "postgresql://alice:s3cretpw@127.0.0.1:1,127.0.0.1:2/orders")
+    assert_one_line_error(proc, "cannot connect to PostgreSQL at hosts 127.0.0.1:1,127.0.0.1:2 database 'orders'")
+    assert "s3cretpw" not in proc.stderr + proc.stdout
+
+
 def test_password_in_keyword_dsn_never_printed() -> None:
     proc = run_relay("migrate", "--dsn", "host=127.0.0.1 port=1 dbname=x user=bob password=hunter22")
     assert_one_line_error(proc, "host 127.0.0.1:1")
