@@ -156,7 +156,8 @@ def migrate(dsn: str) -> None:
         check=True,
         env=relay_env({}),
     )
-    print(f"[postgres] {done.stdout.strip()}")
+    for line in done.stdout.splitlines():
+        print(f"[postgres] {line}")
 
 
 def relay_env(aws_env: dict[str, str]) -> dict[str, str]:
