@@ -39,8 +39,8 @@ class _Segment:
     """A run of a glob between two ``*``: literal characters and ``?``, of fixed length."""
 
     text: str
-    # For a segment holding '?': the regex that finds it (literals and '.', nothing that
-    # repeats); None for a literal segment, found by str.find.
+    # For a segment holding '?': the regex that finds it (literals, '.' and '.{n}': fixed
+    # length, no choice to backtrack over); None for a literal segment, found by str.find.
     regex: re.Pattern[str] | None
 
     @classmethod
@@ -48,7 +48,7 @@ class _Segment:
         if "?" not in text:
             return cls(text, None)
         # A run of '?' as one counted repeat: re steps over '.{200}' (any character, with
-        # DOTALL) in one move where 200 '.' cost 200 (0.03 s against 0.27 s at 2 MB).
+        # DOTALL) in one move where 200 '.' cost 200 steps (a 2 MB search: 0.03 s against 0.27 s).
         body = "".join(
             re.escape(run) if run[0] != "?" else "." if len(run) == 1 else f".{{{len(run)}}}"
             for run in _RUNS.findall(text)
