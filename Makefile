@@ -44,10 +44,12 @@ venv: $(STAMP)
 bytecode: venv
 	@$(BIN)/python -m compileall -q relay adapters tests scripts
 
-# The whole product in one command: a demo outbox in the local PostgreSQL, producers,
+# The whole product in one command: a demo outbox in a database of its own (DEMO_DATABASE,
+# created if absent on RUN_DSN's server; RUN_DSN's own database is left alone), producers,
 # `relay start --broker sqs` into an embedded SQS FIFO queue, and a consumer's verdict.
+DEMO_DATABASE ?= outbox_relay_demo
 demo: venv
-	$(BIN)/python scripts/demo.py --dsn '$(RUN_DSN)'
+	$(BIN)/python scripts/demo.py --dsn '$(RUN_DSN)' --database '$(DEMO_DATABASE)'
 
 # Migrate the outbox in RUN_DSN and deliver it to RUN_BROKER until Ctrl-C.
 run: venv

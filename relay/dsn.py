@@ -21,7 +21,10 @@ It errs on the side of hiding too much: a word such as ``a:b@c`` loses its ``b``
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from psycopg.conninfo import conninfo_to_dict
@@ -205,7 +208,8 @@ def describe_url(url: str) -> str:
 
 
 def describe_dsn(dsn: str) -> str:
-    """``host H:P database 'D' user 'U'`` for messages, or a ConfigError saying what is
+    """``host H:P database 'D' user 'U'`` for messages (``hosts H1:P1,H2:P2 ...`` for a
+    multi-host DSN, each host with its own port), or a ConfigError saying what is
     wrong with a malformed DSN. Neither ever quotes the DSN: the parser's own message can,
     and a password with an unencoded ``/`` or ``@`` gets parsed as the host, the port or
     the database, so each part is checked before it is shown."""
@@ -216,18 +220,63 @@ def describe_dsn(dsn: str) -> str:
         params = conninfo_to_dict(dsn)
     except Exception:
         raise ConfigError("invalid --dsn: not a PostgreSQL connection string or URL") from None
-    hosts = str(params.get("host") or params.get("hostaddr") or "localhost")
-    for host in hosts.split(","):
+    dbname = escape(clip(str(params.get("dbname") or params.get("user") or "(default)"), 200))
+    user = f" user {escape(clip(str(params['user']), 100))!r}" if params.get("user") else ""
+    servers = _servers(params)
+    shown = ",".join(servers[:MAX_SHOWN_SERVERS])
+    if len(servers) > MAX_SHOWN_SERVERS:
+        shown += f",... ({len(servers)} in all)"
+    return f"{'host' if len(servers) == 1 else 'hosts'} {shown} database {dbname!r}{user}"
+
+
+# Servers a description names before it says how many there are in all: a DSN lists a
+# primary and a few standbys; the line stays short whatever it lists.
+MAX_SHOWN_SERVERS = 10
+
+
+def _servers(params: Mapping[str, Any]) -> list[str]:
+    """Each server a multi-host DSN names, as libpq pairs them: the i-th host with the i-th
+    hostaddr and the i-th port (or the one port, for every host), each part absent from the
+    DSN taken from libpq's environment (PGHOST, PGHOSTADDR, PGPORT) as libpq takes it.
+    ``host:port``, ``[ipv6]:port``, ``/socket/dir:port``; ``name:port (hostaddr A)`` where
+    both are given (libpq connects to A and authenticates as name)."""
+    hosts, addrs, ports = (_listed(params, key) for key in ("host", "hostaddr", "port"))
+    count = len(hosts) or len(addrs) or 1
+    if hosts and addrs and len(hosts) != len(addrs):
+        raise ConfigError(f"invalid --dsn: {len(hosts)} hosts and {len(addrs)} hostaddr values: give one per host")
+    if len(ports) not in (0, 1, count):
+        raise ConfigError(f"invalid --dsn: {len(ports)} ports for {count} hosts: give one port, or one per host")
+    servers = []
+    for i in range(count):
+        host = hosts[i] if hosts else ""
+        addr = addrs[i] if addrs else ""
+        port = (ports[i] if len(ports) == count else ports[0] if ports else "") or DEFAULT_PORT
         if host and not (_HOST.fullmatch(host) or _SOCKET_DIR.fullmatch(host)):
             raise ConfigError(
                 f"invalid --dsn: the host is not a host name, an IP address or a socket directory: {ENCODE_HINT}"
             )
-    ports = str(params.get("port") or "5432")
-    if not all(_PORT.fullmatch(p) for p in ports.split(",") if p):
-        raise ConfigError(f"invalid --dsn: the port is not a number: {ENCODE_HINT}")
-    dbname = escape(clip(str(params.get("dbname") or params.get("user") or "(default)"), 200))
-    user = f" user {escape(clip(str(params['user']), 100))!r}" if params.get("user") else ""
-    return f"host {escape(hosts)}:{ports} database {dbname!r}{user}"
+        if addr and not _HOST.fullmatch(addr):
+            raise ConfigError(f"invalid --dsn: the hostaddr is not an IP address: {ENCODE_HINT}")
+        if not _PORT.fullmatch(port):
+            raise ConfigError(f"invalid --dsn: the port is not a number: {ENCODE_HINT}")
+        where = f"{_bracketed(host or addr or 'localhost')}:{port}"
+        servers.append(escape(f"{where} (hostaddr {addr})" if host and addr else where))
+    return servers
+
+
+# The port libpq uses when neither the DSN nor PGPORT gives one.
+DEFAULT_PORT = "5432"
+_ENVIRONMENT = {"host": "PGHOST", "hostaddr": "PGHOSTADDR", "port": "PGPORT"}
+
+
+def _listed(params: Mapping[str, Any], key: str) -> list[str]:
+    value = str(params.get(key) or os.environ.get(_ENVIRONMENT[key], ""))
+    return value.split(",") if value else []
+
+
+def _bracketed(host: str) -> str:
+    """An IPv6 address in brackets, so that its port cannot be read as one more group."""
+    return f"[{host}]" if ":" in host and not _SOCKET_DIR.fullmatch(host) else host
 
 
 def _pg_url_problem(dsn: str) -> str | None:

@@ -128,8 +128,10 @@ async def _migrate(conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> Mi
                 sql.SQL("INSERT INTO {} (version, name) VALUES (%s, %s)").format(ledger), (version, name)
             )
             applied.append(label)
-    for label in applied:  # only now: a refusal part-way rolls back every one of them
-        log.info("applied migration %s to %s", label, names.qualified)
+    # Only now: a refusal part-way rolls back every one of them. Debug: the caller reports
+    # the result (`relay migrate` prints one line per migration; at info each was said twice).
+    for label in applied:
+        log.debug("applied migration %s to %s", label, names.qualified)
     return MigrationResult(applied=applied, already=already)
 
 

@@ -6,7 +6,8 @@ Rules, from strongest to weakest:
 2. a glob pattern (``*`` for any run of characters, ``?`` for one; every other character,
    ``[`` included, stands for itself) in ``ordered`` or ``unordered``; when a
    type matches patterns of both lists, ``ordered`` wins, because silently giving up
-   order is the worse mistake;
+   order is the worse mistake. Globs are matched in linear time (:mod:`relay.globs`);
+   in the database, by PostgreSQL's regex engine, which does not backtrack on them;
 3. ``default``.
 
 A name may not stand in both lists, and a list entry may not be empty.
@@ -25,13 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relay.errors import ConfigError
+from relay.globs import compile_glob
+from relay.globs import is_glob as _is_glob
 
-_GLOB_CHARS = set("*?")
 DEFAULTS = ("ordered", "unordered")
-
-
-def _is_glob(entry: str) -> bool:
-    return any(c in _GLOB_CHARS for c in entry)
+# Event types whose class is remembered, and the longest one remembered: at most about
+# 10 MB held, whatever the producers write (a new type per message, 2 MB types); a type
+# not remembered costs one linear match again.
+MAX_REMEMBERED = 10_000
+MAX_REMEMBERED_CHARS = 1_000
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,14 @@ class OrderingMap:
         )
 
     def is_ordered(self, event_type: str) -> bool:
+        """Whether ``event_type`` is delivered in order per aggregate under this map."""
         cached = self._cache.get(event_type)
         if cached is None:
-            cached = self._cache[event_type] = self._classify(event_type)
+            cached = self._classify(event_type)
+            if len(event_type) <= MAX_REMEMBERED_CHARS:
+                if len(self._cache) >= MAX_REMEMBERED:
+                    self._cache.clear()
+                self._cache[event_type] = cached
         return cached
 
     def _classify(self, event_type: str) -> bool:
@@ -86,9 +94,9 @@ class OrderingMap:
             return True
         if event_type in self.exact_unordered:
             return False
-        if any(re.fullmatch(p, event_type, re.DOTALL) for p in self.regex_ordered):
+        if any(compile_glob(e).matches(event_type) for e in self.ordered if _is_glob(e)):
             return True
-        if any(re.fullmatch(p, event_type, re.DOTALL) for p in self.regex_unordered):
+        if any(compile_glob(e).matches(event_type) for e in self.unordered if _is_glob(e)):
             return False
         return self.default_ordered
 
@@ -123,14 +131,6 @@ class OrderingMap:
         return f"default={default} ordered={list(self.ordered)} unordered={list(self.unordered)}"
 
 
-def glob_matches(entry: str, event_type: str) -> bool:
-    """Whether ``event_type`` is the name ``entry`` or matches it as a glob, as the
-    ordering rules read an entry (routes read theirs the same way)."""
-    if not _is_glob(entry):
-        return entry == event_type
-    return re.fullmatch(_to_regex(entry), event_type, re.DOTALL) is not None
-
-
 def names_and_patterns(entries: Iterable[str]) -> tuple[list[str], list[str]]:
     """``entries`` (names or globs) as the SQL filters take them: the exact names, and the
     globs as regexes for PostgreSQL's ``~`` (``relay replay --event-type``)."""
@@ -151,6 +151,9 @@ def _to_regex(glob: str) -> str:
 
     Only ``*`` and ``?`` are special; everything else is escaped. ``re.escape`` puts a
     backslash only before non-alphanumeric characters, which both engines take literally.
+    Python matches globs with :mod:`relay.globs`, never this regex: Python's ``re``
+    backtracks on it (quadratic and worse). PostgreSQL's engine runs it as an automaton,
+    linear in the event type (BENCHMARKS.md, "Globs").
     """
     body = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
     return f"^{body}$"

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relay.errors import ConfigError, shown
+from relay.globs import glob_matches
 from relay.options import Option
-from relay.ordering import glob_matches
 
 # The key that names a destination, and the broker whose destination it is.
 DESTINATION_KEYS: Mapping[str, str] = {"queue_url": "sqs", "topic_arn": "sns", "exchange": "rabbitmq"}
@@ -176,8 +176,11 @@ def _destination(table: Mapping[str, Any], broker: str, where: str) -> dict[str,
     return settings
 
 
-# Event types whose route is remembered: far above what an outbox carries.
+# Event types whose route is remembered: far above what an outbox carries. Longer types
+# are matched again each time (linear, relay.globs) rather than kept: the memory held
+# stays under about 10 MB whatever length the producers give their event types.
 MAX_REMEMBERED = 10_000
+MAX_REMEMBERED_CHARS = 1_000
 
 
 @dataclass
@@ -191,12 +194,15 @@ class Router:
     def route_of(self, event_type: str) -> int | None:
         """The index of the first route that takes ``event_type``; -1 for the default
         destination; None when there is no destination for it."""
-        if event_type not in self._chosen:
+        if event_type in self._chosen:
+            return self._chosen[event_type]
+        found = next((i for i, r in enumerate(self.routes) if r.takes(event_type)), None)
+        chosen = found if found is not None else (-1 if self.has_default else None)
+        if len(event_type) <= MAX_REMEMBERED_CHARS:
             if len(self._chosen) >= MAX_REMEMBERED:  # a producer writing a new type per message
                 self._chosen.clear()
-            found = next((i for i, r in enumerate(self.routes) if r.takes(event_type)), None)
-            self._chosen[event_type] = found if found is not None else (-1 if self.has_default else None)
-        return self._chosen[event_type]
+            self._chosen[event_type] = chosen
+        return chosen
 
 
 def destination_namer(values: Mapping[str, Any]) -> Callable[[str], str] | None:

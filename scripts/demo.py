@@ -4,9 +4,12 @@
     .venv/bin/python scripts/demo.py --orders 300 --workers 6
     .venv/bin/python scripts/demo.py --crash      # SIGKILL the relay mid-drain, start another
     .venv/bin/python scripts/demo.py --endpoint-url http://127.0.0.1:4566   # an SQS you run
+    .venv/bin/python scripts/demo.py --dsn postgresql://me@db.example/app --database my_demo
 
-1. migrates a fresh ``relay_demo`` schema in PostgreSQL (``--dsn`` / ``RELAY_DSN``) and
-   stores its ordering map (``Order*`` ordered, the rest not), shared by every relay;
+1. creates the demo's own database (``--database``, default ``outbox_relay_demo``) on the
+   PostgreSQL server of ``--dsn`` / ``RELAY_DSN`` unless it is there, migrates a fresh
+   ``relay_demo`` schema in it (nothing else on the server is touched) and stores its
+   ordering map (``Order*`` ordered, the rest not), shared by every relay;
 2. starts an embedded SQS (moto's ThreadedMotoServer on a free 127.0.0.1 port) unless
    ``--endpoint-url`` is given, and creates two FIFO queues: one for the orders' events,
    one for the customer notifications;
@@ -46,14 +49,17 @@ from typing import Any
 import boto3
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from relay.errors import first_line
+from relay.dsn import describe_dsn, mask
+from relay.errors import ConfigError, first_line
 from relay.ordering import OrderingMap
 
-DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"  # the server; its database only to create ours
+DATABASE = "outbox_relay_demo"  # the demo's own: never a database someone else uses
 SCHEMA = "relay_demo"
 QUEUE = "relay-demo-orders.fifo"  # the default destination: the order's own events
 # A route sends the customer-facing notifications to a queue of their own.
@@ -75,9 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(f"outbox-relay demo: {args.orders} orders from {args.producers} producers, relay with {args.workers} workers")
     try:
+        args.dsn = own_database(args.dsn, args.database)
         migrate(args.dsn)
-    except (psycopg.Error, subprocess.CalledProcessError) as exc:
-        print(f"demo: cannot prepare PostgreSQL ({first_line(exc)}); pass --dsn or set RELAY_DSN", file=sys.stderr)
+    except (psycopg.Error, subprocess.CalledProcessError, ConfigError) as exc:
+        why = mask(first_line(exc))
+        print(f"demo: cannot prepare PostgreSQL ({why}); pass --dsn or set RELAY_DSN", file=sys.stderr)
         return 2
     with sqs_endpoint(args.endpoint_url) as (endpoint, aws_env):
         client = boto3.client("sqs", endpoint_url=endpoint, region_name=args.region)
@@ -92,7 +100,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    p.add_argument("--dsn", default=os.environ.get("RELAY_DSN", DEFAULT_DSN), help="PostgreSQL (default: %(default)s)")
+    p.add_argument(
+        "--dsn",
+        default=os.environ.get("RELAY_DSN", DEFAULT_DSN),
+        help="the PostgreSQL server, and a database there to connect to while creating --database"
+        " (default: %(default)s)",
+    )
+    p.add_argument(
+        "--database",
+        default=DATABASE,
+        help="the demo's own database on that server, created if absent (default: %(default)s)",
+    )
     p.add_argument("--endpoint-url", default=None, help="an SQS-compatible endpoint; default: start an embedded one")
     p.add_argument("--region", default="us-east-1")
     p.add_argument("--orders", type=int, default=150, help="orders to simulate (about 8 events each)")
@@ -112,6 +130,20 @@ def relay_bin() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "relay.cli"]
 
 
+def own_database(dsn: str, database: str) -> str:
+    """``dsn`` pointed at ``database`` on the same server, created first if absent: the demo
+    drops and recreates its schema each run, so it never works in a database of anyone else's
+    (it once ran in the shared ``test`` database by default)."""
+    demo_dsn = make_conninfo(dsn, dbname=database)
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone() is None:
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):  # another demo made it just now
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+            print(f"[postgres] created database {database!r}")
+    print(f"[postgres] {describe_dsn(demo_dsn)}")
+    return demo_dsn
+
+
 def migrate(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
@@ -124,7 +156,8 @@ def migrate(dsn: str) -> None:
         check=True,
         env=relay_env({}),
     )
-    print(f"[postgres] {done.stdout.strip()}")
+    for line in done.stdout.splitlines():
+        print(f"[postgres] {line}")
 
 
 def relay_env(aws_env: dict[str, str]) -> dict[str, str]:

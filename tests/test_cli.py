@@ -39,6 +39,16 @@ def test_migrate_is_idempotent_and_records_what_it_applied(pg_dsn: str, fresh_sc
     assert rows == [(v, n) for v, n, _ in migrations()]
 
 
+def test_migrate_says_each_migration_once(pg_dsn: str, fresh_schema: str) -> None:
+    """One line per migration on stdout, and no second copy of each in the log (stderr)."""
+    proc = run_relay("migrate", "--dsn", pg_dsn, "--schema", fresh_schema)
+    assert proc.returncode == 0, proc.stderr
+    labels = [f"{v:04d}_{n}" for v, n, _ in migrations()]
+    assert proc.stdout.splitlines() == [f"{fresh_schema}.outbox: applied {label}" for label in labels]
+    output = proc.stdout + proc.stderr
+    assert [output.count(label) for label in labels] == [1] * len(labels), proc.stderr
+
+
 def test_concurrent_migrations_apply_once(pg_dsn: str, fresh_schema: str) -> None:
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: run_relay("migrate", "--dsn", pg_dsn, "--schema", fresh_schema), range(4)))
@@ -137,6 +147,12 @@ def test_unreachable_database_is_named_and_the_password_masked() -> None:
         proc = run_relay(*command, "--dsn", dsn)
         assert_one_line_error(proc, "cannot connect to PostgreSQL at host 127.0.0.1:1 database 'orders'")
         assert "s3cretpw" not in proc.stderr + proc.stdout
+
+
+def test_an_unreachable_two_host_dsn_names_each_host_with_its_port() -> None:
+    proc = run_relay("status", "--dsn", "postgresql://alice:s3cretpw@127.0.0.1:1,127.0.0.1:2/orders")
+    assert_one_line_error(proc, "cannot connect to PostgreSQL at hosts 127.0.0.1:1,127.0.0.1:2 database 'orders'")
+    assert "s3cretpw" not in proc.stderr + proc.stdout
 
 
 def test_password_in_keyword_dsn_never_printed() -> None:

@@ -245,6 +245,43 @@ def test_describe_dsn_names_the_parts_of_a_good_dsn() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("dsn", "described"),
+    [
+        ("postgresql://alice:S3cr3tPW@127.0.0.1:33085/db", "host 127.0.0.1:33085"),
+        # Several hosts, one port: every host on it (as libpq reads it).
+        ("host=a.example,b.example port=5433 password=S3cr3tPW dbname=db", "hosts a.example:5433,b.example:5433"),
+        # Several hosts, several ports: each host with its own (the DSN printed
+        # "host 127.0.0.1,127.0.0.1:33085,34193").
+        ("postgresql://alice:S3cr3tPW@127.0.0.1:33085,127.0.0.1:34193/db", "hosts 127.0.0.1:33085,127.0.0.1:34193"),
+        ("host=a,b,c port=1,,3 password=S3cr3tPW dbname=db", "hosts a:1,b:5432,c:3"),  # an empty port: the default
+        ("host=/var/run/postgresql,/tmp password=S3cr3tPW dbname=db", "hosts /var/run/postgresql:5432,/tmp:5432"),
+        ("hostaddr=10.0.0.7 port=6432 password=S3cr3tPW dbname=db", "host 10.0.0.7:6432"),
+        ("host=db.example hostaddr=10.0.0.7 password=S3cr3tPW dbname=db", "host db.example:5432 (hostaddr 10.0.0.7)"),
+        ("postgresql://alice:S3cr3tPW@[::1]:5433,[fe80::1%25eth0]/db", "hosts [::1]:5433,[fe80::1%eth0]:5432"),
+    ],
+)
+def test_describe_dsn_names_each_server_with_its_port(dsn: str, described: str) -> None:
+    text = describe_dsn(dsn)
+    assert text.startswith(f"{described} database 'db'"), text
+    assert "S3cr3tPW" not in text
+
+
+@pytest.mark.parametrize(
+    ("dsn", "why"),
+    [
+        ("host=a,b,c port=1,2 password=S3cr3tPW", "2 ports for 3 hosts"),
+        ("host=a,b hostaddr=10.0.0.1 password=S3cr3tPW", "2 hosts and 1 hostaddr values"),
+        ("hostaddr=S3cr3tPW@10.0.0.1", "the hostaddr is not an IP address"),
+    ],
+)
+def test_describe_dsn_refuses_servers_libpq_could_not_pair(dsn: str, why: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        describe_dsn(dsn)
+    assert str(refused.value).startswith(f"invalid --dsn: {why}")
+    assert "S3cr3tPW" not in str(refused.value)
+
+
 def test_describe_url_shows_no_password_and_nothing_malformed() -> None:
     assert describe_url("amqp://guest:Secret55@127.0.0.1:5672/vh") == "amqp://guest@127.0.0.1:5672/vh"
     for url in (

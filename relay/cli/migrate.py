@@ -77,9 +77,9 @@ def migrate_cmd(**cli_values: Any) -> None:
             except psycopg.Error as exc:
                 why = pg_message(exc)
                 raise ConfigError(f"cannot store the shared settings of {names.qualified}: {why}") from None
-        if result.applied:
-            click.echo(f"{names.qualified}: applied {', '.join(result.applied)}")
-        else:
+        for label in result.applied:
+            click.echo(f"{names.qualified}: applied {label}")
+        if not result.applied:
             click.echo(f"{names.qualified}: up to date ({len(result.already)} migrations applied earlier)")
         if ordering is not None:
             click.echo(f"{names.qualified}: ordering map stored: {ordering.describe()}")
