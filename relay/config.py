@@ -229,6 +229,17 @@ OPERATE_OPTIONS: tuple[Option, ...] = (
         maximum=36500 * DAY,
     ),
     Option(
+        "prune_heads_idle_for",
+        "duration",
+        None,
+        "The scheduled prune also forgets the aggregate_seq counter of every ordered aggregate idle this long"
+        " (it starts again at 1 if it comes back; off if unset; see relay prune --heads-idle-for).",
+        # A counter forgotten while a consumer still remembers the aggregate's last number
+        # makes that consumer drop the restarted sequence as duplicates: never minutes.
+        minimum=HOUR,
+        maximum=36500 * DAY,
+    ),
+    Option(
         "prune_interval",
         "duration",
         "1h",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from relay.errors import ConfigError, shown
 
@@ -20,6 +21,15 @@ def parse_outbox_id(raw: str, what: str = "id") -> int:
             f"invalid {what} {shown(raw)}: outbox ids are positive integers (ASCII digits, at most 2^63-1)"
         )
     return int(text)
+
+
+def parse_id_list(values: Sequence[str], what: str, limit: int) -> list[int]:
+    """Comma-separated ids, given once or repeated (``--ids 1,2 --ids 3``), sorted and
+    without repeats; a ConfigError for a bad entry or more than ``limit`` ids."""
+    ids = {parse_outbox_id(part, f"{what} entry") for value in values for part in value.split(",")}
+    if len(ids) > limit:
+        raise ConfigError(f"too many {what}: at most {limit:,}")
+    return sorted(ids)
 
 
 def parse_lease_version(raw: str) -> int:

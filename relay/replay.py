@@ -57,6 +57,9 @@ from relay.tracing import NO_TRACING, Tracing
 log = logging.getLogger("relay.replay")
 
 MAX_ID = 2**63 - 1
+# --exclude takes ids by hand (or from a printed resume command); a selection that would
+# need more is narrowed another way, or run with --skip-failed.
+MAX_EXCLUDED = 10_000
 # A run id is a header value and part of an SQS/SNS FIFO de-duplication id (at most 128
 # characters of letters, digits and punctuation, with the outbox id in front).
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
@@ -95,6 +98,10 @@ class Selection:
     aggregates: tuple[str, ...] = ()
     event_types: tuple[str, ...] = ()  # names or globs, as the ordering rules read them
     include_dead: bool = False
+    # Rows an operator skipped (relay dead skip, relay prune --skip-blocking) were never
+    # delivered and someone decided they must not be: left out unless asked for.
+    include_skipped: bool = False
+    excluded: tuple[int, ...] = ()  # ids never replayed (--exclude), whatever else selects them
 
     def check(self) -> Selection:
         if not (
@@ -116,18 +123,25 @@ class Selection:
         for what, values in (("--aggregate", self.aggregates), ("--event-type", self.event_types)):
             if any(not v.strip() for v in values):
                 raise ConfigError(f"invalid {what}: must not be empty")
+        if len(self.excluded) > MAX_EXCLUDED:
+            raise ConfigError(
+                f"too many ids to --exclude ({len(self.excluded):,}; at most {MAX_EXCLUDED:,}):"
+                " narrow the selection, or let --skip-failed leave out what fails"
+            )
         return self
 
     @property
-    def statuses(self) -> list[str]:
-        return ["done", "dead"] if self.include_dead else ["done"]
+    def histories(self) -> list[str]:
+        """What a selected row's history (the SQL function <table>_history) must be."""
+        return ["delivered", *(["skipped"] if self.include_skipped else []), *(["dead"] if self.include_dead else [])]
 
     def params(self) -> dict[str, Any]:
         names, patterns = names_and_patterns(self.event_types)
         return {
             "from_id": 0 if self.from_id is None else self.from_id,
             "to_id": MAX_ID if self.to_id is None else self.to_id,
-            "statuses": self.statuses,
+            "histories": self.histories,
+            "excluded": sorted(set(self.excluded)),
             "since": self.since,
             "until": self.until,
             "aggregates": list(self.aggregates) or None,
@@ -137,8 +151,21 @@ class Selection:
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """Rows the selectors took that the plan leaves out, by why."""
+
+    skipped: int = 0  # skipped by an operator (never delivered), without --include-skipped
+    dead: int = 0  # dead (never delivered), without --include-dead
+    excluded: int = 0  # named by --exclude
+
+    @property
+    def total(self) -> int:
+        return self.skipped + self.dead + self.excluded
+
+
+@dataclass(frozen=True)
 class PlanSummary:
-    """What a plan holds (the dry run's answer)."""
+    """What a plan holds (the dry run's answer), and what the selection left out."""
 
     count: int
     first_id: int | None
@@ -147,6 +174,7 @@ class PlanSummary:
     first_created: datetime | None
     last_created: datetime | None
     payload_bytes: int
+    left_out: LeftOut = LeftOut()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,11 +191,11 @@ class ReplayPlan:
     def __init__(self, conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> None:
         self.conn = conn
         self._sql = {name: names.render(text) for name, text in named_queries().items() if name.startswith("replay_")}
-        self._statuses: list[str] = ["done"]
+        self._histories: list[str] = ["delivered"]
 
     async def take(self, selection: Selection) -> PlanSummary:
         """Plan ``selection`` (replacing this session's last plan) and say what it holds."""
-        self._statuses = selection.statuses
+        self._histories = selection.histories
         await self.conn.execute(self._sql["replay_plan_table"])
         await self.conn.execute(self._sql["replay_plan_clear"])
         # Not prepared: each plan runs once, with selectors a generic plan would not see.
@@ -176,17 +204,19 @@ class ReplayPlan:
         # that follow): in a transaction of its own, where SET LOCAL ends with it.
         async with self.conn.transaction():
             await self.conn.execute(self._sql["replay_plan_untimed"])
-            await self.conn.execute(self._sql["replay_plan"], selection.params(), prepare=False)
+            cur = await self.conn.execute(self._sql["replay_plan"], selection.params(), prepare=False)
+            counts = await cur.fetchone()
+        assert counts is not None  # an aggregate without GROUP BY returns one row
         cur = await self.conn.execute(self._sql["replay_summary"])
         row = await cur.fetchone()
-        assert row is not None  # an aggregate without GROUP BY returns one row
-        return PlanSummary(*row)
+        assert row is not None
+        return replace(PlanSummary(*row), left_out=LeftOut(skipped=counts[1], dead=counts[2], excluded=counts[3]))
 
     async def page(self, after: int, count: int, budget: int) -> list[PlanRow]:
         """The plan's rows after rank ``after``: at most ``count``, and ``budget`` bytes of
         payload unless the first row alone is larger."""
         exact = server_encoding(self.conn) == SQL_ASCII
-        params = {"after": after, "count": count, "budget": budget, "statuses": self._statuses}
+        params = {"after": after, "count": count, "budget": budget, "histories": self._histories}
         async with payload_cursor(self.conn) as cur:
             await cur.execute(self._sql["replay_page"], params)
             rows = await cur.fetchall()
@@ -231,6 +261,9 @@ class ReplayReport:
     held_back: int = 0  # behind a failed message of their aggregate, not sent
     gone: int = 0  # pruned, or no longer finished, since the plan was taken
     interrupted: bool = False
+    # The failed messages were left out and their aggregates went on (--skip-failed): the
+    # replay is complete without them.
+    failed_left_out: bool = False
     lost_database: str | None = None  # why reading the plan failed midway, if it did
     resume_from: int | None = None  # --from-id of a run that does the rest; None: nothing left
     started: float = field(default_factory=time.monotonic)
@@ -246,7 +279,8 @@ class ReplayReport:
 
     @property
     def complete(self) -> bool:
-        return not self.interrupted and not self.lost_database and not self.failed and not self.held_back
+        failed = bool(self.failed) and not self.failed_left_out
+        return not self.interrupted and not self.lost_database and not failed and not self.held_back
 
 
 class RatePacer:
@@ -294,8 +328,12 @@ class Replayer:
         *,
         progress: Callable[[ReplayReport], None] | None = None,
         tracing: Tracing = NO_TRACING,
+        skip_failed: bool = False,
     ) -> None:
+        """``skip_failed``: a message that cannot be replayed is left out and the rest of its
+        aggregate goes on (by default the aggregate stops there, as a dead head stops it live)."""
         self.plan = plan
+        self.skip_failed = skip_failed
         self.publisher = publisher
         self.run_id = run_id
         self.limits = limits
@@ -325,7 +363,7 @@ class Replayer:
     async def run(self, total: int, stop: asyncio.Event, *, first_id: int | None = None) -> ReplayReport:
         """Publish the plan's ``total`` rows until done or ``stop``; ``first_id``, its
         lowest id, is where a resume starts if the database is lost before a row is read."""
-        report = self.report = ReplayReport(run_id=self.run_id, total=total)
+        report = self.report = ReplayReport(run_id=self.run_id, total=total, failed_left_out=self.skip_failed)
         watcher = asyncio.create_task(self._watch(stop))
         try:
             tasks = [asyncio.create_task(self._read(stop))]
@@ -400,7 +438,7 @@ class Replayer:
         if isinstance(row.message, Unreadable):
             m = row.message.message
             self._resume_of[row.rank] = row.resume_from
-            self._fail(_Item(row.rank, row.resume_from, m, _lane(m)), row.message.reason)
+            self._fail(_Item(row.rank, row.resume_from, m, _lane(m)), row.message.reason, in_lane=False)
             return
         message = replace(row.message, replay=self.run_id)
         item = _Item(row.rank, row.resume_from, message, _lane(message))
@@ -490,7 +528,7 @@ class Replayer:
         retry_in = self._retry_in(item, outcome)
         if retry_in is None:
             self._buffered -= 1
-            self._fail(item, _reason(item, outcome))
+            self._fail(item, _reason(item, outcome), in_lane=True)
         else:
             heapq.heappush(self._later, (time.monotonic() + retry_in, item))
 
@@ -521,10 +559,19 @@ class Replayer:
             self._last_outage_log = now
             log.warning("the broker refuses messages, the replay waits and tries again: %s", describe(outcome))
 
-    def _fail(self, item: _Item, reason: str) -> None:
+    def _fail(self, item: _Item, reason: str, *, in_lane: bool) -> None:
+        """``item`` cannot be replayed; ``in_lane``: it was its aggregate's current message
+        (published and failed), not a row that could not even be read."""
         self.report.failed.append((item.message.id, reason))
-        log.error("message not replayed: %s", reason, extra=item.message.log_fields())
         lane = item.lane
+        if self.skip_failed:
+            # Left out on purpose: settled, and its aggregate goes on without it.
+            log.error("message not replayed, left out (--skip-failed): %s", reason, extra=item.message.log_fields())
+            self._confirm(item.rank)
+            if in_lane:
+                self._next_of(lane)
+            return
+        log.error("message not replayed: %s", reason, extra=item.message.log_fields())
         if lane is not None:
             # Its aggregate stops here, as a dead head stops it live: sending the rest
             # would deliver them out of order.

@@ -20,7 +20,7 @@ from relay.config import RelaySettings
 from relay.contract import Publisher, WatchesDestinations
 from relay.db import TRANSIENT_DB_ERRORS, check_schema, connect, open_pool
 from relay.dbtext import SQL_ASCII, server_encoding
-from relay.errors import DatabaseUnavailable, first_line
+from relay.errors import ConfigError, DatabaseUnavailable, first_line
 from relay.oversize import OversizeTurn
 from relay.shared_settings import Given, SharedSettings, disagreements, read_settings
 from relay.sleep import sleep_unless_stopped
@@ -49,17 +49,22 @@ class Operations:
     metrics_host: str = "0.0.0.0"
     prune_older_than: timedelta | None = None
     prune_interval: timedelta = timedelta(hours=1)
+    prune_heads_idle_for: timedelta | None = None
 
     @classmethod
     def from_values(cls, v: Mapping[str, Any]) -> Operations:
         # Only a missing value means the default: `or` would read an interval of 0s (falsy)
         # as "1 hour". The option's bounds refuse 0s before it gets here.
         interval = v.get("prune_interval")
+        heads = v.get("prune_heads_idle_for")
+        if heads is not None and v.get("prune_older_than") is None:
+            raise ConfigError("--prune-heads-idle-for runs with the scheduled prune: give --prune-older-than too")
         return cls(
             metrics_port=v.get("metrics_port"),
             metrics_host=v.get("metrics_host") or "0.0.0.0",
             prune_older_than=v.get("prune_older_than"),
             prune_interval=timedelta(hours=1) if interval is None else interval,
+            prune_heads_idle_for=heads,
         )
 
 
@@ -216,7 +221,7 @@ async def _run(
                     stop,
                     operate.prune_interval.total_seconds(),
                     "scheduled prune",
-                    lambda: _prune(settings, older_than),
+                    lambda: _prune(settings, older_than, operate.prune_heads_idle_for),
                 )
             )
         )
@@ -248,19 +253,20 @@ async def _refresh_gauges(metrics: Any, pool: AsyncConnectionPool[Any], settings
         await metrics.refresh_gauges(conn, settings.names)
 
 
-async def _prune(settings: RelaySettings, older_than: timedelta) -> None:
+async def _prune(settings: RelaySettings, older_than: timedelta, heads_idle_for: timedelta | None) -> None:
     from relay.ops.prune import prune
 
     # A connection of its own: a first prune of a long history can take minutes, and
     # must not hold a pool slot a worker needs.
     conn = await connect(settings.dsn)
     async with conn:
-        result = await prune(conn, settings.names, older_than)
+        result = await prune(conn, settings.names, older_than, heads_idle_for=heads_idle_for)
     log.info(
-        "scheduled prune removed %d done rows older than %s in %d batches",
+        "scheduled prune removed %d done rows older than %s in %d batches%s",
         result.done,
         older_than,
         result.batches,
+        "" if result.heads is None else f", and forgot {result.heads.forgotten} idle aggregates' counters",
     )
 
 

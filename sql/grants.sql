@@ -46,8 +46,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {q_heads}, {q_commits}, {q_settings}, {q
 GRANT SELECT ON {q_migrations} TO {role};
 
 -- grant_relay_functions --
--- Relays: the functions the claims, the heads trigger, relay status and relay explain call.
-GRANT EXECUTE ON FUNCTION {q_is_ordered}(text, text[], text[], text[], text[], boolean), {q_unfinished_ordered}(text) TO {role};
+-- Relays: the functions the claims, the heads trigger, relay status, relay explain, relay replay and the console call.
+GRANT EXECUTE ON FUNCTION {q_is_ordered}(text, text[], text[], text[], text[], boolean), {q_unfinished_ordered}(text),
+    {q_history}(text, text) TO {role};
 
 -- grant_relay_temporary --
 -- Relays: relay replay keeps its plan in a temporary table of its own session (sql/replay.sql).

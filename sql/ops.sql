@@ -254,9 +254,9 @@ RETURNING o.id, o.status, o.lease_version;
 SELECT now() - %(older_than)s::interval AS cutoff;
 
 -- prune_chunk --
--- Delete the finished rows older than the cutoff among the next chunk of ids (one short statement); reports the chunk's last id and whether every row of it was created after the cutoff.
+-- Delete the finished rows older than the cutoff among the next chunk of ids (one short statement); reports the chunk's last id and whether every row of it was created after the cutoff. Dead rows go only with include_dead, and only unordered ones: a dead ordered row stops its aggregate (now, or once it is the head), and deleting it would unblock the aggregate and leave a hole in aggregate_seq that nothing records (prune_blocking_page finds them; relay prune --skip-blocking skips them, recorded).
 WITH chunk AS (
-    SELECT id, status, created_at, done_at
+    SELECT id, status, created_at, done_at, ordered
       FROM {outbox}
      WHERE id > %(after_id)s
      ORDER BY id
@@ -265,7 +265,7 @@ WITH chunk AS (
     SELECT id
       FROM chunk
      WHERE (status = 'done' AND done_at < %(cutoff)s)
-        OR (%(include_dead)s AND status = 'dead' AND created_at < %(cutoff)s)
+        OR (%(include_dead)s AND status = 'dead' AND NOT ordered AND created_at < %(cutoff)s)
 ), deleted AS (
     -- The condition again on the row itself: a row changed since the chunk was read (a
     -- dead row re-driven meanwhile) is re-checked in its new version and kept.
@@ -273,7 +273,7 @@ WITH chunk AS (
      USING doomed
      WHERE o.id = doomed.id
        AND ((o.status = 'done' AND o.done_at < %(cutoff)s)
-            OR (%(include_dead)s AND o.status = 'dead' AND o.created_at < %(cutoff)s))
+            OR (%(include_dead)s AND o.status = 'dead' AND NOT o.ordered AND o.created_at < %(cutoff)s))
     RETURNING o.status
 )
 SELECT (SELECT count(*) FROM chunk) AS scanned,
@@ -285,7 +285,7 @@ SELECT (SELECT count(*) FROM chunk) AS scanned,
 -- prune_chunk_count --
 -- What prune_chunk would delete in the next chunk of ids, counted instead of deleted (prune --dry-run).
 WITH chunk AS (
-    SELECT id, status, created_at, done_at
+    SELECT id, status, created_at, done_at, ordered
       FROM {outbox}
      WHERE id > %(after_id)s
      ORDER BY id
@@ -295,8 +295,75 @@ SELECT count(*) AS scanned,
        max(id) AS last_id,
        coalesce(bool_and(created_at >= %(cutoff)s), true) AS all_newer,
        count(*) FILTER (WHERE status = 'done' AND done_at < %(cutoff)s) AS done,
-       count(*) FILTER (WHERE %(include_dead)s AND status = 'dead' AND created_at < %(cutoff)s) AS dead
+       count(*) FILTER (WHERE %(include_dead)s AND status = 'dead' AND NOT ordered AND created_at < %(cutoff)s) AS dead
   FROM chunk;
+
+-- prune_blocking_count --
+-- The dead ordered rows created before the cutoff, which prune never deletes (see prune_chunk): how many, of how many aggregates, and the first aggregate ids (a sample to name). Through the dead index: dead rows only.
+SELECT count(*) AS n,
+       count(DISTINCT o.aggregate_id) AS aggregates,
+       ARRAY(SELECT DISTINCT d.aggregate_id
+               FROM {outbox} AS d
+              WHERE d.status = 'dead' AND d.ordered AND d.created_at < %(cutoff)s
+              ORDER BY d.aggregate_id
+              LIMIT %(sample)s) AS sample
+  FROM {outbox} AS o
+ WHERE o.status = 'dead' AND o.ordered AND o.created_at < %(cutoff)s;
+
+-- prune_blocking_page --
+-- The next dead ordered rows created before the cutoff, in id order after %(after_id)s, for relay prune --skip-blocking to skip a page at a time (relay.ops.deadletters.skip records each: who, why, when).
+SELECT o.id
+  FROM {outbox} AS o
+ WHERE o.status = 'dead' AND o.ordered AND o.created_at < %(cutoff)s
+   AND o.id > %(after_id)s
+ ORDER BY o.id
+ LIMIT %(batch)s;
+
+-- prune_heads_turn --
+-- Take the ingest's turn (waiting: an ingest holds it for milliseconds) before forgetting heads, so that no ingest numbers rows while prune_heads_chunk decides, and that statement's snapshot, taken after this one, sees everything every earlier ingest numbered.
+SELECT 1 FROM {q_ingest} FOR UPDATE;
+
+-- prune_heads_chunk --
+-- Forget the heads rows (the aggregate_seq counters) of idle aggregates among the next chunk of heads by aggregate_id: nothing unfinished (no head, no numbered row left), no committed row waiting to be numbered, and nothing numbered since the cutoff. Such an aggregate starts again at aggregate_seq 1 if it comes back. Counts instead of deleting when dry_run. After prune_heads_turn, in its transaction.
+WITH chunk AS (
+    SELECT h.aggregate_id
+      FROM {q_heads} AS h
+     WHERE h.aggregate_id > %(after)s
+     ORDER BY h.aggregate_id
+     LIMIT %(batch)s
+), waiting AS (
+    -- Committed ordered rows no ingest has numbered yet (a few, between two ingests; the
+    -- fresh index holds nothing else), by aggregate: their aggregates are not idle.
+    SELECT DISTINCT o.aggregate_id
+      FROM {outbox} AS o
+     WHERE o.ordered AND o.aggregate_seq IS NULL AND o.status IN ('pending', 'dead')
+), idle AS (
+    SELECT h.aggregate_id
+      FROM {q_heads} AS h
+      JOIN chunk AS c ON c.aggregate_id = h.aggregate_id
+     WHERE h.head_id IS NULL
+       AND h.numbered_at < %(cutoff)s
+       AND NOT EXISTS (SELECT 1 FROM {q_unfinished_ordered}(h.aggregate_id))
+       AND NOT EXISTS (SELECT 1 FROM waiting AS w WHERE w.aggregate_id = h.aggregate_id)
+), forgotten AS (
+    DELETE FROM {q_heads} AS h
+     USING idle
+     WHERE h.aggregate_id = idle.aggregate_id
+       AND NOT %(dry_run)s
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM chunk) AS scanned,
+       (SELECT max(c.aggregate_id) FROM chunk AS c) AS last,
+       (SELECT count(*) FROM idle) AS idle,
+       (SELECT count(*) FROM forgotten) AS forgotten;
+
+-- prune_heads_waiting --
+-- How many committed ordered rows wait to be numbered, counted up to %(limit)s: prune forgets no heads while a backlog waits (every chunk would read it), and says so.
+SELECT count(*) AS n
+  FROM (SELECT 1
+          FROM {outbox} AS o
+         WHERE o.ordered AND o.aggregate_seq IS NULL AND o.status IN ('pending', 'dead')
+         LIMIT %(limit)s) AS w;
 
 -- ready_probe --
 -- Readiness: the database answers and the outbox table is there and readable.

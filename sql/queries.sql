@@ -117,9 +117,10 @@ WITH quiet AS (
      WHERE b.rn = 1
      ORDER BY b.aggregate_id
     ON CONFLICT (aggregate_id) DO UPDATE
-       SET last_seq = greatest(h.last_seq, excluded.last_seq),
-           head_id  = coalesce(h.head_id, excluded.head_id),
-           ready_at = CASE WHEN h.head_id IS NULL THEN excluded.ready_at ELSE h.ready_at END
+       SET last_seq    = greatest(h.last_seq, excluded.last_seq),
+           numbered_at = excluded.numbered_at,  -- now(): relay prune --heads-idle-for counts from it
+           head_id     = coalesce(h.head_id, excluded.head_id),
+           ready_at    = CASE WHEN h.head_id IS NULL THEN excluded.ready_at ELSE h.ready_at END
     RETURNING 1
 ), consumed AS (
     -- By primary key: during a backlog the table holds many more than this turn takes.

@@ -1,8 +1,8 @@
 -- `relay replay`'s statements, one per `-- name --` header, loaded beside queries.sql by
 -- relay.sqlfiles. Placeholders as in queries.sql; values are always bound parameters.
 --
--- A replay never writes the outbox: it reads finished rows (done, and dead when asked)
--- through a plan kept in a temporary table of its own session. The plan is taken once, in
+-- A replay never writes the outbox: it reads finished rows (delivered ones; skipped and
+-- dead ones when asked, by the history rule <table>_history) through a plan kept in a temporary table of its own session. The plan is taken once, in
 -- one statement, so the replay works on the rows that had finished when it began, in
 -- this order:
 --   * Per aggregate, delivery order: ordered rows by aggregate_seq (the order the live
@@ -34,29 +34,46 @@ TRUNCATE pg_temp.relay_replay_plan;
 SELECT set_config('statement_timeout', '0', true);
 
 -- replay_plan --
--- The selection in replay order (see the top of this file); finished rows only. The id range is always bounded (0 and the largest bigint stand for "no bound") so the primary key serves it; the other selectors filter.
-INSERT INTO pg_temp.relay_replay_plan (rank, id, bytes, resume_from)
-SELECT r.rank, r.id, r.bytes, min(r.id) OVER (ORDER BY r.rank DESC ROWS UNBOUNDED PRECEDING)
-  FROM (SELECT k.id, k.bytes, row_number() OVER (ORDER BY k.release_id, k.aggregate_seq, k.id) AS rank
-          FROM (SELECT o.id, o.aggregate_seq,
-                       coalesce(o.payload_bytes, pg_column_size(o.payload)) AS bytes,
-                       CASE WHEN o.ordered AND o.aggregate_seq IS NOT NULL
-                            THEN max(o.id) OVER (PARTITION BY o.aggregate_id, o.ordered AND o.aggregate_seq IS NOT NULL
-                                                 ORDER BY o.aggregate_seq ROWS UNBOUNDED PRECEDING)
-                            ELSE o.id
-                       END AS release_id
-                  FROM {outbox} AS o
-                 WHERE o.id >= %(from_id)s::bigint
-                   AND o.id <= %(to_id)s::bigint
-                   AND o.status = ANY (%(statuses)s::text[])
-                   AND (%(since)s::timestamptz IS NULL OR o.created_at >= %(since)s::timestamptz)
-                   AND (%(until)s::timestamptz IS NULL OR o.created_at < %(until)s::timestamptz)
-                   AND (%(aggregates)s::text[] IS NULL OR o.aggregate_id = ANY (%(aggregates)s::text[]))
-                   AND (%(event_names)s::text[] IS NULL
-                        OR o.event_type = ANY (%(event_names)s::text[])
-                        OR o.event_type ~ ANY (%(event_patterns)s::text[]))
-               ) AS k
-       ) AS r;
+-- The selection in replay order (see the top of this file), and what it left out. Finished rows only, by the history rule (<table>_history, migration 0013): delivered ones, skipped ones only with --include-skipped, dead ones only with --include-dead; ids given to --exclude never. The id range is always bounded (0 and the largest bigint stand for "no bound") so the primary key serves it; the other selectors filter.
+WITH selected AS (
+    SELECT o.id, o.aggregate_id, o.ordered, o.aggregate_seq,
+           coalesce(o.payload_bytes, pg_column_size(o.payload)) AS bytes,
+           {q_history}(o.status, o.resolution) AS history,
+           o.id = ANY (%(excluded)s::bigint[]) AS excluded
+      FROM {outbox} AS o
+     WHERE o.id >= %(from_id)s::bigint
+       AND o.id <= %(to_id)s::bigint
+       AND o.status IN ('done', 'dead')
+       AND (%(since)s::timestamptz IS NULL OR o.created_at >= %(since)s::timestamptz)
+       AND (%(until)s::timestamptz IS NULL OR o.created_at < %(until)s::timestamptz)
+       AND (%(aggregates)s::text[] IS NULL OR o.aggregate_id = ANY (%(aggregates)s::text[]))
+       AND (%(event_names)s::text[] IS NULL
+            OR o.event_type = ANY (%(event_names)s::text[])
+            OR o.event_type ~ ANY (%(event_patterns)s::text[]))
+), planned AS (
+    INSERT INTO pg_temp.relay_replay_plan (rank, id, bytes, resume_from)
+    SELECT r.rank, r.id, r.bytes, min(r.id) OVER (ORDER BY r.rank DESC ROWS UNBOUNDED PRECEDING)
+      FROM (SELECT k.id, k.bytes, row_number() OVER (ORDER BY k.release_id, k.aggregate_seq, k.id) AS rank
+              FROM (SELECT s.id, s.aggregate_seq, s.bytes,
+                           CASE WHEN s.ordered AND s.aggregate_seq IS NOT NULL
+                                THEN max(s.id) OVER (PARTITION BY s.aggregate_id, s.ordered AND s.aggregate_seq IS NOT NULL
+                                                     ORDER BY s.aggregate_seq ROWS UNBOUNDED PRECEDING)
+                                ELSE s.id
+                           END AS release_id
+                      FROM selected AS s
+                     WHERE s.history = ANY (%(histories)s::text[])
+                       AND NOT s.excluded
+                   ) AS k
+           ) AS r
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM planned) AS planned,
+       count(*) FILTER (WHERE s.history = 'skipped' AND NOT s.excluded
+                          AND NOT 'skipped' = ANY (%(histories)s::text[])) AS skipped_left_out,
+       count(*) FILTER (WHERE s.history = 'dead' AND NOT s.excluded
+                          AND NOT 'dead' = ANY (%(histories)s::text[])) AS dead_left_out,
+       count(*) FILTER (WHERE s.excluded) AS excluded_left_out
+  FROM selected AS s;
 
 -- replay_summary --
 -- What the plan holds: rows (its ranks run 1 to this count), their id range, aggregates and time span (the dry run's answer, and the total a progress bar counts to).
@@ -66,7 +83,7 @@ SELECT count(*)::bigint, min(p.id), max(p.id), count(DISTINCT o.aggregate_id)::b
   LEFT JOIN {outbox} AS o ON o.id = p.id;
 
 -- replay_page --
--- The next plan rows after rank %(after)s: at most %(count)s, and no more payload than %(budget)s bytes but at least one row. LEFT JOIN: a row pruned, or no longer finished (a dead row re-driven meanwhile), since the plan was taken comes back without its columns and is not replayed. Columns after rank and resume_from are the claims' RETURNING list, in its order (relay.store.message_from_row reads them).
+-- The next plan rows after rank %(after)s: at most %(count)s, and no more payload than %(budget)s bytes but at least one row. LEFT JOIN: a row pruned, or no longer what the plan took (a dead row re-driven, or skipped, meanwhile), since the plan was taken comes back without its columns and is not replayed. Columns after rank and resume_from are the claims' RETURNING list, in its order (relay.store.message_from_row reads them).
 WITH page AS (
     SELECT p.rank, p.id, p.resume_from, sum(p.bytes) OVER (ORDER BY p.rank) AS running
       FROM pg_temp.relay_replay_plan AS p
@@ -84,7 +101,7 @@ SELECT c.rank, c.resume_from,
        o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
        o.ordered, o.aggregate_seq, NULL::integer AS bytes, o.headers
   FROM cut AS c
-  LEFT JOIN {outbox} AS o ON o.id = c.id AND o.status = ANY (%(statuses)s::text[])
+  LEFT JOIN {outbox} AS o ON o.id = c.id AND {q_history}(o.status, o.resolution) = ANY (%(histories)s::text[])
  ORDER BY c.rank;
 
 -- replay_resume_from --

@@ -1,5 +1,5 @@
 -- The schema of one outbox as an empty schema holds it after every migration (0001 to
--- 0010), in one file to read: each object in its final form, with why it is there. Objects
+-- 0013), in one file to read: each object in its final form, with why it is there. Objects
 -- a later migration dropped are absent, functions appear in their last version, and what
 -- only converted existing rows (back-fills, renumbering) is left out: there are none here.
 --
@@ -293,8 +293,12 @@ CREATE TABLE {q_heads} (
     head_xid     xid8,         -- unused since migration 0004, which kept it for relays older than it
     ready_at     timestamptz,  -- when the head may be claimed; NULL while leased, dead or absent
     -- Each aggregate's counter: the last aggregate_seq handed out. The sequence is gapless
-    -- for as long as this row is kept (the relay never deletes it).
-    last_seq     bigint NOT NULL DEFAULT 0
+    -- for as long as this row is kept: only `relay prune --heads-idle-for` deletes it, for
+    -- an aggregate with nothing unfinished that has numbered nothing for that long.
+    last_seq     bigint NOT NULL DEFAULT 0,
+    -- When the ingest last numbered a row of the aggregate (0013; rows that existed then
+    -- count from the migration).
+    numbered_at  timestamptz NOT NULL DEFAULT now()
 );
 
 CREATE INDEX {n_heads_ready_idx} ON {q_heads} (ready_at) WHERE ready_at IS NOT NULL;
@@ -314,6 +318,22 @@ AS $$
        AND o.ordered
        AND o.status IN ('pending', 'processing', 'dead')
        AND o.aggregate_seq IS NOT NULL
+$$;
+
+-- What became of a row, for every command that reads history (relay replay, relay explain,
+-- the console): 'delivered' (done, and not by an operator's skip), 'skipped' (done without
+-- delivery: relay dead skip, or relay prune --skip-blocking), or the status of a row that
+-- has not finished ('pending', 'processing', 'dead'). A skipped row was never published
+-- live and an operator decided it must not be: a replay leaves it out unless asked. A
+-- plain SQL function, IMMUTABLE, so PostgreSQL inlines it into each caller's plan.
+CREATE FUNCTION {q_history}(status text, resolution text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN status = 'done' AND resolution IS NOT DISTINCT FROM 'skipped' THEN 'skipped'
+        WHEN status = 'done' THEN 'delivered'
+        ELSE status
+    END
 $$;
 
 -- Keeps every head in step with its row, whoever changes the row: the relay's finalize,
@@ -443,4 +463,5 @@ INSERT INTO {q_migrations} (version, name) VALUES
     (8, 'cheap_inserts'),
     (9, 'unfinished_ordered'),
     (10, 'headers'),
-    (11, 'stamp_as_owner');
+    (11, 'stamp_as_owner'),
+    (13, 'history');

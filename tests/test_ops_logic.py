@@ -17,9 +17,10 @@ import pytest
 from relay.errors import ConfigError
 from relay.ops.deadletters import Refusal, WriteResult, fingerprint, group_key, group_messages
 from relay.ops.explain import explanation
-from relay.ops.prune import PruneResult
+from relay.ops.prune import HeadsResult, PruneResult
 from relay.ops.queries import (
     AggregateRows,
+    BlockingDead,
     DeadFilter,
     DeadMessage,
     DeadPage,
@@ -311,10 +312,36 @@ def test_prune_and_release_text() -> None:
     pruned = PruneResult(NOW, timedelta(days=7), False, True, 12, 0, 3, 10_500, 10_500)
     assert render_prune(pruned, NAMES).splitlines() == [
         "dry run: public.outbox: would delete 12 done rows finished before 2026-03-01T12:00:00+00:00 (older than 7d)",
-        "  dead rows kept (--include-dead removes those created before the cutoff)",
+        "  dead rows kept (--include-dead removes the unordered ones created before the cutoff)",
         "  3 batches, 10,500 rows read, stopped after id 10500",
         "  nothing changed",
     ]
+    # Dead ordered rows are named by aggregate, kept, and skipped only with --skip-blocking;
+    # aggregate ids are escaped and cut like every producer text.
+    blocking = BlockingDead(3, 22, (*(f"order-{i}" for i in range(19)), "evil\x1b[2J" + "x" * 200))
+    kept = replace(pruned, include_dead=True, dry_run=False, dead=4, blocking=blocking)
+    lines = render_prune(kept, NAMES).splitlines()
+    assert lines[1] == "  and 4 dead unordered rows created before it"
+    assert lines[2].startswith("  kept 3 dead ordered messages created before it: each stops its aggregate")
+    assert "(22 aggregates: order-0, order-1," in lines[2] and lines[2].endswith("x…(208 chars) and 2 more)")
+    assert "\x1b" not in lines[2] and "evil\\x1b[2J" in lines[2]
+    assert "--skip-blocking --reason TEXT" in lines[3]
+    skipped = render_prune(replace(kept, skipped=2), NAMES).splitlines()
+    assert skipped[2].startswith("  skipped 2 dead ordered messages created before it, recorded")
+    assert "; unblocked 22 aggregates: order-0" in skipped[2]
+    assert skipped[3] == "  (1 of them changed meanwhile, re-driven or skipped: left alone)"
+    would = render_prune(replace(kept, skipped=3, dry_run=True), NAMES).splitlines()
+    assert "would skip 3" in would[2] and "would unblock 22 aggregates" in would[2] and would[-1] == "  nothing changed"
+    heads = HeadsResult(timedelta(days=90), NOW, 7, 5_000, 0)
+    assert render_prune(replace(pruned, heads=heads), NAMES).splitlines()[-2] == (
+        "  heads: would forget the aggregate_seq counters of 7 ordered aggregates idle for 90d (nothing unfinished,"
+        " nothing numbered since 2026-03-01T12:00:00+00:00; each starts again at aggregate_seq 1 if it comes back),"
+        " 5,000 heads rows read"
+    )
+    postponed = HeadsResult(timedelta(days=90), NOW, 0, 0, 10_000)
+    assert "heads: none forgotten: 10,000 or more ordered rows wait to be numbered" in render_prune(
+        replace(pruned, heads=postponed), NAMES
+    )
     held = Held(5, "order-5", "OrderPlaced", "web-3:41:0", 2, ago(-60), 4, True, 1, "pending")
     result = ReleaseResult(False, NOW, "web-3", (held,), (Refusal(6, "unknown id"),), "alice", 5)
     lines = render_release(result, NAMES).splitlines()

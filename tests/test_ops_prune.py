@@ -21,7 +21,7 @@ def arrange(db: Db) -> list[int]:
     """40 rows, laid out along the primary key for chunks of 5:
 
     ids  1-20  done 9 days ago                 (go)
-    ids 21-22  dead, written 10 days ago        (kept unless --include-dead)
+    ids 21-22  dead and unordered, written 10 days ago (kept unless --include-dead)
     ids 23-25  pending, written 10 days ago     (never touched)
     ids 26-30  written 10 days ago, done 1 hour ago (kept: finished recently)
     ids 31-40  written and done just now        (kept; the walk stops at the first such chunk)
@@ -34,7 +34,7 @@ def arrange(db: Db) -> list[int]:
     update(
         slice(0, 20), "status = 'done', created_at = now() - interval '10 days', done_at = now() - interval '9 days'"
     )
-    update(slice(20, 22), "status = 'dead', created_at = now() - interval '10 days', last_error = 'x'")
+    update(slice(20, 22), "status = 'dead', ordered = false, created_at = now() - interval '10 days', last_error = 'x'")
     update(slice(22, 25), "created_at = now() - interval '10 days'")
     update(
         slice(25, 30), "status = 'done', created_at = now() - interval '10 days', done_at = now() - interval '1 hour'"
@@ -83,9 +83,9 @@ async def test_prune_keeps_a_dead_row_redriven_while_it_ran(db: Db, relay_dsn: s
     by a transaction that commits while prune waits for it is kept."""
     [oid] = db.insert([("a", "OrderPlaced", {})])
     db.conn.execute(
-        sql.SQL("UPDATE {} SET status = 'dead', created_at = now() - interval '10 days' WHERE id = %s").format(
-            db.table
-        ),
+        sql.SQL(
+            "UPDATE {} SET status = 'dead', ordered = false, created_at = now() - interval '10 days' WHERE id = %s"
+        ).format(db.table),
         (oid,),
     )
     async with (

@@ -43,11 +43,24 @@ async def test_heads_move_on_in_order_across_the_upgrade(
             ).fetchall()
         ]
     store = OutboxStore(owner_pool, names)
-    # Numbered, and the first row offered as head, before the upgrade (the ingest's
-    # statements read nothing 0009 or later changed; today's claim reads 0010's column).
-    async with owner_pool.connection() as conn, conn.transaction():
-        numbered, _ = await store._ingest(conn)
-    assert numbered == 3
+    # Numbered, and the first row offered as head, before the upgrade, as the ingest of
+    # that release left them (today's ingest writes 0013's column, which 0008 lacks): the
+    # numbers, the heads row with its counter, the commit stamp consumed.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} AS o SET aggregate_seq = n.seq FROM unnest(%s::bigint[], %s::bigint[]) AS n(id, seq)"
+                " WHERE o.id = n.id"
+            ).format(table),
+            (ids, [1, 2, 3]),
+        )
+        conn.execute(
+            sql.SQL("INSERT INTO {} (aggregate_id, head_id, ready_at, last_seq) VALUES ('a', %s, now(), 3)").format(
+                sql.Identifier(names.schema, f"{names.table}_heads")
+            ),
+            (ids[0],),
+        )
+        conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(names.schema, f"{names.table}_commits")))
 
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         result = await migrate(conn, names)

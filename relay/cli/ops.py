@@ -38,10 +38,10 @@ from relay.config import START_OPTIONS, names_from, require_dsn
 from relay.db import check_schema, connect
 from relay.dsn import describe_dsn
 from relay.durations import format_duration, parse_duration
-from relay.errors import ConfigError, DatabaseUnavailable
+from relay.errors import ConfigError, DatabaseUnavailable, shown
 from relay.ops.deadletters import default_operator
 from relay.ops.explain import explain
-from relay.ops.prune import DEFAULT_BATCH, prune
+from relay.ops.prune import DEFAULT_BATCH, SkipBlocking, prune
 from relay.ops.queries import Conn
 from relay.ops.release import parse_ids, release
 from relay.ops.render import jsonable, render_explanation, render_prune, render_release, render_status, to_json
@@ -146,6 +146,9 @@ def explain_cmd(aggregate_id: str, as_json: bool, **cli_values: Any) -> None:
     click.echo(run(lambda: with_conn(dsn, names, body)))
 
 
+MIN_HEADS_IDLE = timedelta(hours=1)  # the error below says 1h
+
+
 @click.command("prune")
 @with_options(OPS_OPTIONS)
 @click.option(
@@ -155,7 +158,28 @@ def explain_cmd(aggregate_id: str, as_json: bool, **cli_values: Any) -> None:
     metavar="DURATION",
     help="Delete done rows finished longer ago than this (e.g. 7d). Required.",
 )
-@click.option("--include-dead", is_flag=True, help="Also delete dead rows created before the cutoff.")
+@click.option(
+    "--include-dead",
+    is_flag=True,
+    help="Also delete dead unordered rows created before the cutoff. Dead ordered rows are kept"
+    " (each stops its aggregate): they are counted and their aggregates named.",
+)
+@click.option(
+    "--skip-blocking",
+    is_flag=True,
+    help="With --include-dead: skip the dead ordered rows created before the cutoff, recorded as"
+    " `relay dead skip` records them (needs --reason), which unblocks their aggregates.",
+)
+@click.option("--reason", default=None, metavar="TEXT", help="Why --skip-blocking skips them (recorded).")
+@click.option("--by", default=None, metavar="WHO", help="Who skips (recorded; default: user@host).")
+@click.option(
+    "--heads-idle-for",
+    "heads_idle_for",
+    default=None,
+    metavar="DURATION",
+    help="Also forget the aggregate_seq counter of every ordered aggregate with nothing unfinished that numbered"
+    " nothing for this long (e.g. 90d): it starts again at 1 if it comes back. Off unless given.",
+)
 @click.option(
     "--chunk-size",
     type=AsciiInt(1, 100_000),
@@ -166,17 +190,48 @@ def explain_cmd(aggregate_id: str, as_json: bool, **cli_values: Any) -> None:
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def prune_cmd(
-    older_than: str | None, include_dead: bool, chunk_size: int, dry_run: bool, as_json: bool, **cli_values: Any
+    older_than: str | None,
+    include_dead: bool,
+    skip_blocking: bool,
+    reason: str | None,
+    by: str | None,
+    heads_idle_for: str | None,
+    chunk_size: int,
+    dry_run: bool,
+    as_json: bool,
+    **cli_values: Any,
 ) -> None:
     """Delete finished rows older than --older-than in small batches (dead rows are kept
-    unless --include-dead); prints what it removed."""
+    unless --include-dead, dead ordered ones always unless --skip-blocking skips them);
+    prints what it removed."""
     if older_than is None:
         raise ConfigError("relay prune needs --older-than DURATION (for example 7d): rows finished before then go")
     age = parse_duration(older_than, name="--older-than")  # 0 is allowed: every done row goes
+    idle = None if heads_idle_for is None else parse_duration(heads_idle_for, name="--heads-idle-for")
+    if idle is not None and idle < MIN_HEADS_IDLE:
+        # A counter forgotten while a consumer still remembers the aggregate's last number
+        # makes that consumer drop the restarted sequence as duplicates.
+        raise ConfigError(f"invalid --heads-idle-for {shown(heads_idle_for)}: at least 1h")
+    check_text(reason, "--reason")
+    check_text(by, "--by")
+    if reason is not None and not skip_blocking:
+        raise ConfigError("--reason is recorded by --skip-blocking: give both, or neither")
+    how = None
+    if skip_blocking:
+        how = SkipBlocking(by=by or default_operator(), reason=reason or "")
     dsn, names = ops_setup(cli_values)
 
     async def body(conn: Conn) -> str:
-        result = await prune(conn, names, age, include_dead=include_dead, batch=chunk_size, dry_run=dry_run)
+        result = await prune(
+            conn,
+            names,
+            age,
+            include_dead=include_dead,
+            skip_blocking=how,
+            heads_idle_for=idle,
+            batch=chunk_size,
+            dry_run=dry_run,
+        )
         if as_json:
             return json.dumps({**jsonable(result), "older_than": age.total_seconds(), "deleted": result.deleted})
         return render_prune(result, names)

@@ -16,6 +16,7 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
@@ -40,9 +41,11 @@ from relay.db import check_schema, configure_session, connect
 from relay.dsn import mask
 from relay.durations import format_duration, parse_moment
 from relay.errors import ConfigError, shown
-from relay.ids import parse_outbox_id
+from relay.ids import parse_id_list, parse_outbox_id
 from relay.replay import (
+    MAX_EXCLUDED,
     MAX_ID,
+    LeftOut,
     PlanSummary,
     Replayer,
     ReplayLimits,
@@ -105,6 +108,24 @@ EXIT_INTERRUPTED = 130
 )
 @click.option("--include-dead", is_flag=True, help="Dead messages too (by default only delivered ones).")
 @click.option(
+    "--include-skipped",
+    is_flag=True,
+    help="Messages an operator skipped too (relay dead skip: never delivered, and left out by default).",
+)
+@click.option(
+    "--exclude",
+    "exclude_lists",
+    multiple=True,
+    metavar="1,2,3",
+    help=f"Never replay these ids (comma-separated, repeatable; at most {MAX_EXCLUDED:,}), whatever else selects them.",
+)
+@click.option(
+    "--skip-failed",
+    is_flag=True,
+    help="Leave out a message that cannot be replayed and go on with the rest of its aggregate"
+    " (by default its aggregate stops there, as a dead head stops it live).",
+)
+@click.option(
     "--to",
     "to_destination",
     default=None,
@@ -128,6 +149,9 @@ def replay_cmd(
     aggregates: tuple[str, ...],
     event_types: tuple[str, ...],
     include_dead: bool,
+    include_skipped: bool,
+    exclude_lists: tuple[str, ...],
+    skip_failed: bool,
     to_destination: str | None,
     rate: str | None,
     run_id: str | None,
@@ -155,6 +179,8 @@ def replay_cmd(
         aggregates=aggregates,
         event_types=tuple(t.strip() for t in event_types),
         include_dead=include_dead,
+        include_skipped=include_skipped,
+        excluded=tuple(parse_id_list(exclude_lists, "--exclude", MAX_EXCLUDED)),
     ).check()
     run_id = check_run_id(run_id.strip()) if run_id is not None else new_run_id(now)
     per_second = _rate(rate)
@@ -184,7 +210,7 @@ def replay_cmd(
     # OpenTelemetry is imported here or never (relay.tracing's no-op without --otel).
     tracing = tracing_for(values, max_envelope_fields=max_envelope_fields(broker))
     where = _destinations(values)
-    resume = _Resume(selection, run_id, rate, to_destination)
+    resume = _Resume(selection, run_id, rate, to_destination, skip_failed)
 
     async def replay() -> int:
         conn = await connect(dsn, application_name="outbox-relay replay")
@@ -194,22 +220,30 @@ def replay_cmd(
             plan = ReplayPlan(conn, names)
             summary = await plan.take(selection)
             if not summary.count:
-                raise ConfigError("no finished message matches the selection: nothing to replay")
+                left_out = left_out_line(summary.left_out)
+                raise ConfigError(
+                    "no finished message matches the selection: nothing to replay"
+                    + (f" ({left_out})" if left_out else "")
+                )
             if dry_run:
                 _print_dry_run(summary, where, run_id)
                 return 0
             click.echo(f"replay {run_id}: {summary_line(summary)}, to {where}", err=True)
+            if summary.left_out.total:
+                click.echo(f"replay {run_id}: {left_out_line(summary.left_out)}", err=True)
             stop = asyncio.Event()
             _on_interrupt(stop)
             progress = _Progress(sys.stderr, summary.count)
             await publisher.start()
             try:
-                replayer = Replayer(plan, publisher, run_id, limits, progress=progress, tracing=tracing)
+                replayer = Replayer(
+                    plan, publisher, run_id, limits, progress=progress, tracing=tracing, skip_failed=skip_failed
+                )
                 report = await replayer.run(summary.count, stop, first_id=summary.first_id)
             finally:
                 await publisher.close()
             progress.close()
-            return _finish(report, resume)
+            return _finish(report, resume, summary)
 
     try:
         code = run(replay)
@@ -260,22 +294,40 @@ def _destinations(values: dict[str, Any]) -> str:
 
 def _print_dry_run(summary: PlanSummary, where: str, run_id: str) -> None:
     click.echo(f"would replay {summary_line(summary)}")
+    if summary.left_out.total:
+        click.echo(left_out_line(summary.left_out))
     click.echo(f"to {where}, with header replay={run_id}")
     click.echo("dry run: nothing was published")
+
+
+def left_out_line(left: LeftOut) -> str:
+    """What the selection took and the plan leaves out, and how to have it: '' for nothing."""
+    parts = []
+    if left.skipped:
+        parts.append(f"{count_of(left.skipped, 'message')} an operator skipped (--include-skipped replays them)")
+    if left.dead:
+        parts.append(f"{count_of(left.dead, 'dead message')} (--include-dead replays them)")
+    if left.excluded:
+        parts.append(f"{count_of(left.excluded, 'message')} named by --exclude")
+    return "left out: " + "; ".join(parts) if parts else ""
 
 
 class _Resume:
     """How to do the rest of a replay: the command line it was given, with --from-id moved
     on, times made absolute (a duration counts from now, which moves) and passwords masked."""
 
-    def __init__(self, selection: Selection, run_id: str, rate: str | None, to_destination: str | None) -> None:
+    def __init__(
+        self, selection: Selection, run_id: str, rate: str | None, to_destination: str | None, skip_failed: bool
+    ) -> None:
         self.selection = selection
         self.run_id = run_id
         self.rate = rate
         self.to_destination = to_destination
+        self.skip_failed = skip_failed
 
-    def command(self, from_id: int) -> tuple[str, bool]:
-        """The command, and whether a password in it was masked."""
+    def command(self, from_id: int, *, exclude: Iterable[int] = (), skip_failed: bool = False) -> tuple[str, bool]:
+        """The command, and whether a password in it was masked; ``exclude`` adds ids to
+        leave out, ``skip_failed`` asks for --skip-failed."""
         s = self.selection
         args = ["relay", "replay", "--from-id", str(from_id)]
         if s.to_id is not None and s.to_id != MAX_ID:
@@ -290,6 +342,13 @@ class _Resume:
             args += ["--event-type", event_type]
         if s.include_dead:
             args.append("--include-dead")
+        if s.include_skipped:
+            args.append("--include-skipped")
+        excluded = sorted({*s.excluded, *exclude})
+        if excluded:
+            args += ["--exclude", ",".join(str(i) for i in excluded)]
+        if self.skip_failed or skip_failed:
+            args.append("--skip-failed")
         if self.to_destination is not None:
             args += ["--to", self.to_destination]
         if self.rate is not None:
@@ -325,26 +384,35 @@ def _given_options() -> list[str]:
 _OPTION_DESTS = frozenset({*(o.dest for o in REPLAY_OPTIONS), "config_path"})
 
 
-def _finish(report: ReplayReport, resume: _Resume) -> int:
+# A resume command names the ids that failed in --exclude up to this many; past it, it
+# asks for --skip-failed instead (a command line stays one line a person can read).
+EXCLUDE_IN_RESUME = 20
+
+
+def _finish(report: ReplayReport, resume: _Resume, summary: PlanSummary) -> int:
     rate = report.published / report.elapsed_s if report.elapsed_s > 0 else 0.0
     took = format_duration_s(report.elapsed_s)
     click.echo(
         f"replay {report.run_id}: {report.published:,} of {count_of(report.total, 'message')} published in {took}"
         f" ({rate:,.0f} msg/s); the outbox was not changed"
     )
+    if summary.left_out.total:
+        click.echo(left_out_line(summary.left_out))
     if report.gone:
-        click.echo(f"{count_of(report.gone, 'selected message')} pruned or re-driven meanwhile, not replayed")
+        click.echo(f"{count_of(report.gone, 'selected message')} pruned, re-driven or skipped meanwhile, not replayed")
+    failed_ids = [i for i, _ in report.failed]
     if report.failed:
         first_id, first_reason = report.failed[0]
         held = ""
         if report.held_back:
             verb = "was" if report.held_back == 1 else "were"
             held = f"; {count_of(report.held_back, 'message')} after them in their aggregates {verb} held back"
+        left = " and were left out (--skip-failed)" if report.failed_left_out else ""
         click.echo(
-            f"{count_of(len(report.failed), 'message')} could not be replayed (first: id {first_id}: {first_reason})"
-            f"{held}"
+            f"{count_of(len(report.failed), 'message')} could not be replayed{left}"
+            f" (first: id {first_id}: {first_reason}){held}"
         )
-        shown_ids = ", ".join(str(i) for i, _ in report.failed[:20])
+        shown_ids = ", ".join(str(i) for i in failed_ids[:20])
         more = f" and {len(report.failed) - 20:,} more" if len(report.failed) > 20 else ""
         click.echo(f"not replayed: {shown_ids}{more}")
     if report.lost_database:
@@ -355,6 +423,15 @@ def _finish(report: ReplayReport, resume: _Resume) -> int:
         note = " (passwords are shown as ***: put them back, or set them in RELAY_* variables)" if masked else ""
         click.echo(f"{why}; the rest (from id {report.resume_from}) is replayed by{note}:")
         click.echo(f"  {command}")
+        if report.failed and not report.failed_left_out:
+            # A message that can never be replayed as it is (too large for the destination,
+            # say) would stop its aggregate at every resume: this one goes on without it.
+            if len(failed_ids) <= EXCLUDE_IN_RESUME:
+                without, _ = resume.command(report.resume_from, exclude=failed_ids)
+            else:
+                without, _ = resume.command(report.resume_from, skip_failed=True)
+            click.echo("or, to leave the messages that failed out and replay the rest of their aggregates:")
+            click.echo(f"  {without}")
     if report.interrupted:
         return EXIT_INTERRUPTED
     return 0 if report.complete else 1

@@ -57,11 +57,11 @@ def explanation(names: OutboxNames, aggregate_id: str, rows: AggregateRows) -> E
     if not rows.has_heads_row and rows.ordered == 0 and not rows.not_numbered and not any(unordered):
         raise ConfigError(
             f"aggregate {shown(aggregate_id)} not found in {names.qualified}: no unfinished messages and no ordered"
-            " history (an aggregate id is matched exactly)"
+            " history (an aggregate id is matched exactly; prune --heads-idle-for forgets idle aggregates)"
         )
     waiting_behind = rows.ordered - 1 if head is not None else 0
     not_numbered = rows.not_numbered
-    state, reason, next_at, hints = _diagnose(names, rows.now, head, waiting_behind, not_numbered)
+    state, reason, next_at, hints = _diagnose(names, rows.now, head, waiting_behind, not_numbered, rows.last_seq or 0)
     return Explanation(
         aggregate_id=aggregate_id,
         at=rows.now,
@@ -95,6 +95,7 @@ def _diagnose(
     head: HeadMessage | None,
     behind: int,
     not_numbered: int,
+    last_seq: int,
 ) -> tuple[State, str, datetime | None, tuple[str, ...]]:
     if behind == 0:
         stuck, after = "nothing waits behind it yet, but every new ordered message of this aggregate will", ""
@@ -104,7 +105,15 @@ def _diagnose(
         after = f"; the {queue} follow{'s' if behind == 1 else ''} once it is finished"
     if head is None:
         if not_numbered == 0:
-            return "idle", "nothing waits: every ordered message of this aggregate is finished", None, ()
+            # Finished is the history rule's word (<table>_history): delivered, or skipped by
+            # an operator, whose number stays unused.
+            return (
+                "idle",
+                "nothing waits: every ordered message of this aggregate is finished (delivered, or skipped by an"
+                f" operator); the next one gets aggregate_seq {last_seq + 1}",
+                None,
+                (),
+            )
         return (
             "awaiting_ingest",
             f"{not_numbered:,} committed ordered message(s) wait to be numbered; a running relay numbers them"

@@ -10,8 +10,18 @@ only after it was created, so no later id can qualify (ids follow creation order
 the length of a producer's transaction). So a run reads what it deletes plus at most one
 chunk of what it keeps, however large the table.
 
-Dead rows are kept unless ``include_dead`` is set; then those created before the cutoff
-go too. Pending and processing rows are never touched.
+Dead rows are kept unless ``include_dead`` is set; then the unordered ones created before
+the cutoff go too. A dead **ordered** row is never deleted: it stops its aggregate (now,
+or once it is the head), and deleting it would unblock the aggregate behind it and leave
+a hole in ``aggregate_seq`` that nothing records. Prune counts them and names their
+aggregates; with ``skip_blocking`` it skips them instead, exactly as ``relay dead skip``
+does (done without delivery, who and why recorded), and they go with the done rows of a
+later prune. Pending and processing rows are never touched.
+
+With ``heads_idle_for``, prune also forgets the heads row (the ``aggregate_seq`` counter)
+of every ordered aggregate with nothing unfinished that has numbered nothing for that
+long, so ``<table>_heads`` does not keep a row for every aggregate ever seen; such an
+aggregate starts again at ``aggregate_seq`` 1 if it comes back.
 """
 
 from __future__ import annotations
@@ -22,8 +32,8 @@ from datetime import datetime, timedelta
 
 from relay.durations import format_duration
 from relay.errors import ConfigError
-from relay.ops import queries
-from relay.ops.queries import Conn
+from relay.ops import deadletters, queries
+from relay.ops.queries import BlockingDead, Conn
 from relay.sqlnames import OutboxNames
 
 log = logging.getLogger("relay.prune")
@@ -31,6 +41,38 @@ log = logging.getLogger("relay.prune")
 # Ids per statement: a chunk of 5,000 deletes in tens of milliseconds on ordinary
 # hardware, short enough that producers and workers never queue behind it.
 DEFAULT_BATCH = 5000
+# Dead ordered rows skipped per transaction by skip_blocking (relay dead skip's own
+# write, which locks the rows and moves their heads on).
+SKIP_PAGE = 1000
+# Aggregate ids a result names; the count says how many more.
+SAMPLE = 20
+# Prune forgets no heads while at least this many committed ordered rows wait to be
+# numbered (relays stopped, or far behind): every chunk reads that backlog to know which
+# aggregates are not idle, and a later prune does it once they have caught up.
+WAITING_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class SkipBlocking:
+    """Skip the dead ordered rows prune would otherwise keep, recorded as ``by`` with ``reason``."""
+
+    by: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class HeadsResult:
+    """What forgetting idle aggregates' heads did (or would do)."""
+
+    idle_for: timedelta
+    cutoff: datetime  # nothing numbered since this moment
+    forgotten: int  # heads rows deleted (in a dry run: that would be)
+    scanned: int  # heads rows read
+    waiting: int  # committed ordered rows waiting to be numbered when it was put off; 0 otherwise
+
+    @property
+    def postponed(self) -> bool:
+        return self.waiting >= WAITING_LIMIT
 
 
 @dataclass(frozen=True)
@@ -42,10 +84,15 @@ class PruneResult:
     include_dead: bool
     dry_run: bool
     done: int  # done rows deleted
-    dead: int  # dead rows deleted (only with include_dead)
+    dead: int  # dead unordered rows deleted (only with include_dead)
     batches: int  # statements issued
     scanned: int  # rows read across all chunks
     last_id: int | None  # the walk stopped after this id
+    # With include_dead: the dead ordered rows before the cutoff, which block their
+    # aggregates and were kept (or, with skip_blocking, skipped).
+    blocking: BlockingDead | None = None
+    skipped: int = 0  # of those, skipped (skip_blocking; in a dry run: would be)
+    heads: HeadsResult | None = None
 
     @property
     def deleted(self) -> int:
@@ -58,6 +105,8 @@ async def prune(
     older_than: timedelta,
     *,
     include_dead: bool = False,
+    skip_blocking: SkipBlocking | None = None,
+    heads_idle_for: timedelta | None = None,
     batch: int = DEFAULT_BATCH,
     dry_run: bool = False,
 ) -> PruneResult:
@@ -65,14 +114,28 @@ async def prune(
 
     ``conn`` must be in autocommit mode (as :func:`relay.db.connect` opens it), so that each
     chunk commits on its own. ``dry_run`` counts what each chunk would delete instead.
+    ``include_dead``: dead unordered rows created before the cutoff go too, and the dead
+    ordered ones are counted (kept; skipped with ``skip_blocking``). ``heads_idle_for``:
+    forget the heads of aggregates idle that long (see the module's docstring).
     """
     if older_than < timedelta(0):
         raise ConfigError("invalid --older-than: must not be negative")
     if batch < 1:
         raise ConfigError(f"invalid batch size {batch}: must be at least 1")
+    if skip_blocking is not None and not include_dead:
+        raise ConfigError("--skip-blocking skips dead messages: give --include-dead with it")
+    if skip_blocking is not None and not skip_blocking.reason.strip():
+        raise ConfigError("--skip-blocking needs a reason: pass --reason TEXT (it is recorded with each message)")
+    if heads_idle_for is not None and heads_idle_for < timedelta(0):
+        raise ConfigError("invalid --heads-idle-for: must not be negative")
     if not conn.autocommit:
         raise ValueError("prune needs an autocommit connection: each chunk is its own transaction")
     cutoff = await queries.prune_cutoff(conn, names, older_than)
+    blocking, skipped = None, 0
+    if include_dead:
+        blocking = await queries.prune_blocking_count(conn, names, cutoff, SAMPLE)
+        if skip_blocking is not None and blocking.n:
+            skipped = blocking.n if dry_run else await _skip_blocking(conn, names, cutoff, skip_blocking)
     after, batches, scanned, done, dead = 0, 0, 0, 0, 0
     while True:
         chunk = await queries.prune_chunk(
@@ -94,6 +157,7 @@ async def prune(
         if chunk.last_id is None or chunk.all_newer or chunk.scanned < batch:
             break
         after = chunk.last_id
+    heads = None if heads_idle_for is None else await _forget_heads(conn, names, heads_idle_for, batch, dry_run)
     result = PruneResult(
         cutoff=cutoff,
         older_than=older_than,
@@ -104,6 +168,9 @@ async def prune(
         batches=batches,
         scanned=scanned,
         last_id=chunk.last_id or (after or None),
+        blocking=blocking,
+        skipped=skipped,
+        heads=heads,
     )
     log.info(
         "%s %d done and %d dead rows of %s older than %s (%d batches)",
@@ -115,3 +182,49 @@ async def prune(
         batches,
     )
     return result
+
+
+async def _skip_blocking(conn: Conn, names: OutboxNames, cutoff: datetime, how: SkipBlocking) -> int:
+    """Skip the dead ordered rows created before ``cutoff`` a page at a time, with relay dead
+    skip's own write; returns how many were skipped. A row re-driven meanwhile (no longer
+    dead) is left to its new life: the page goes without it."""
+    after, skipped = 0, 0
+    while ids := await queries.prune_blocking_page(conn, names, cutoff, after, SKIP_PAGE):
+        after = ids[-1]
+        while ids:
+            written = await deadletters.skip(conn, names, ids, by=how.by, reason=how.reason)
+            if written.applied:
+                skipped += len(written.changed)
+                break
+            refused = {r.id for r in written.refused}
+            ids = [i for i in ids if i not in refused]
+    return skipped
+
+
+async def _forget_heads(conn: Conn, names: OutboxNames, idle_for: timedelta, batch: int, dry_run: bool) -> HeadsResult:
+    cutoff = await queries.prune_cutoff(conn, names, idle_for)
+    waiting = await queries.prune_heads_waiting(conn, names, WAITING_LIMIT)
+    if waiting >= WAITING_LIMIT:
+        log.warning(
+            "prune: %s or more ordered rows of %s wait to be numbered; idle aggregates are forgotten once the"
+            " relays have caught up (a later prune)",
+            f"{WAITING_LIMIT:,}",
+            names.qualified,
+        )
+        return HeadsResult(idle_for, cutoff, 0, 0, waiting)
+    after, forgotten, scanned = "", 0, 0
+    while True:
+        chunk = await queries.prune_heads_chunk(conn, names, after=after, batch=batch, cutoff=cutoff, dry_run=dry_run)
+        scanned += chunk.scanned
+        forgotten += chunk.idle if dry_run else chunk.forgotten
+        if chunk.last is None or chunk.scanned < batch:
+            break
+        after = chunk.last
+    log.info(
+        "%s the counters of %d ordered aggregates of %s idle for %s",
+        "prune dry run: would forget" if dry_run else "forgot",
+        forgotten,
+        names.qualified,
+        format_duration(idle_for),
+    )
+    return HeadsResult(idle_for, cutoff, forgotten, scanned, 0)

@@ -585,6 +585,56 @@ async def prune_chunk(
     return PruneChunk.from_row(await _one(conn, names, "prune_chunk_count" if dry_run else "prune_chunk", params))
 
 
+@dataclass(frozen=True)
+class BlockingDead:
+    """The dead ordered rows created before a prune's cutoff: how many, of how many
+    aggregates, and the first aggregate ids by name."""
+
+    n: int
+    aggregates: int
+    sample: tuple[str, ...]
+
+
+async def prune_blocking_count(conn: Conn, names: OutboxNames, cutoff: datetime, sample: int) -> BlockingDead:
+    """Count the dead ordered rows created before ``cutoff``; ``sample`` aggregate ids."""
+    r = await _one(conn, names, "prune_blocking_count", {"cutoff": cutoff, "sample": sample})
+    return BlockingDead(r["n"], r["aggregates"], tuple(r["sample"]))
+
+
+async def prune_blocking_page(conn: Conn, names: OutboxNames, cutoff: datetime, after_id: int, batch: int) -> list[int]:
+    """Ids of the next ``batch`` dead ordered rows created before ``cutoff``, after ``after_id``."""
+    rows = await _all(conn, names, "prune_blocking_page", {"cutoff": cutoff, "after_id": after_id, "batch": batch})
+    return [r["id"] for r in rows]
+
+
+@dataclass(frozen=True)
+class HeadsChunk:
+    """What one prune_heads_chunk statement read and forgot (or, in a dry run, would)."""
+
+    scanned: int
+    last: str | None
+    idle: int
+    forgotten: int
+
+
+async def prune_heads_chunk(
+    conn: Conn, names: OutboxNames, *, after: str, batch: int, cutoff: datetime, dry_run: bool
+) -> HeadsChunk:
+    """Forget the idle heads among the ``batch`` heads rows after ``after``, holding the
+    ingest's turn for that (one short transaction); in a dry run, count them."""
+    async with conn.transaction():
+        await conn.execute(ops_query(names, "prune_heads_turn"))
+        params = {"after": after, "batch": batch, "cutoff": cutoff, "dry_run": dry_run}
+        r = await _one(conn, names, "prune_heads_chunk", params)
+    return HeadsChunk(r["scanned"], r["last"], r["idle"], r["forgotten"])
+
+
+async def prune_heads_waiting(conn: Conn, names: OutboxNames, limit: int) -> int:
+    """Committed ordered rows waiting to be numbered, counted up to ``limit``."""
+    n: int = (await _one(conn, names, "prune_heads_waiting", {"limit": limit}))["n"]
+    return n
+
+
 # ---- readiness
 
 

@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from relay.errors import ConfigError
-from relay.ids import parse_outbox_id
+from relay.ids import parse_id_list
 from relay.message import log_fields
 from relay.ops import queries
 from relay.ops.deadletters import Refusal
@@ -73,13 +73,7 @@ class ReleaseResult:
 
 def parse_ids(values: Sequence[str]) -> list[int]:
     """``--ids 1,2,3`` (repeatable) as ids: ASCII digits only, each a positive bigint."""
-    ids: list[int] = []
-    for value in values:
-        for part in value.split(","):
-            ids.append(parse_outbox_id(part, "--ids entry"))
-    if len(set(ids)) > MAX_IDS:
-        raise ConfigError(f"too many --ids: at most {MAX_IDS:,} per release")
-    return sorted(set(ids))
+    return parse_id_list(values, "--ids", MAX_IDS)
 
 
 def _held(r: LeaseRow, max_attempts: int) -> Held:

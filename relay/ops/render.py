@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, is_dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from relay.durations import age_text, format_duration
 from relay.ops.deadletters import DeadGroup, WriteResult
 from relay.ops.explain import Explanation
-from relay.ops.prune import PruneResult
+from relay.ops.prune import HeadsResult, PruneResult
 from relay.ops.queries import DeadFilter, DeadPage, WakeupStatus
 from relay.ops.release import SHOWN, ReleaseResult
 from relay.ops.status import EventTypeStatus, Status, attempt_histogram
@@ -33,6 +33,8 @@ def jsonable(value: Any) -> Any:
         return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, datetime):
         return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -319,7 +321,7 @@ def render_groups(groups: Sequence[DeadGroup], flt: DeadFilter) -> str:
 
 
 def render_prune(result: PruneResult, names: OutboxNames) -> str:
-    """One paragraph saying what was (or would be) removed."""
+    """One paragraph saying what was (or would be) removed, skipped and forgotten."""
     verb = "would delete" if result.dry_run else "deleted"
     lines = [
         f"{'dry run: ' if result.dry_run else ''}{names.qualified}: {verb} {result.done:,} done row"
@@ -327,16 +329,62 @@ def render_prune(result: PruneResult, names: OutboxNames) -> str:
         f" (older than {format_duration(result.older_than)})",
     ]
     if result.include_dead:
-        lines.append(f"  and {result.dead:,} dead row{'s' if result.dead != 1 else ''} created before it")
+        lines.append(f"  and {result.dead:,} dead unordered row{'s' if result.dead != 1 else ''} created before it")
+        lines += _blocking_lines(result)
     else:
-        lines.append("  dead rows kept (--include-dead removes those created before the cutoff)")
+        lines.append("  dead rows kept (--include-dead removes the unordered ones created before the cutoff)")
     lines.append(
         f"  {result.batches:,} batch{'es' if result.batches != 1 else ''}, {result.scanned:,} rows read"
         + (f", stopped after id {result.last_id}" if result.last_id is not None else "")
     )
+    if result.heads is not None:
+        lines.append(_heads_line(result.heads, result.dry_run))
     if result.dry_run:
         lines.append("  nothing changed")
     return "\n".join(lines)
+
+
+def _blocking_lines(result: PruneResult) -> list[str]:
+    """What became of the dead ordered rows before the cutoff, with their aggregates named."""
+    b = result.blocking
+    if b is None or not b.n:
+        return []
+    shown_ids = ", ".join(printable(a, 80) for a in b.sample)
+    more = b.aggregates - len(b.sample)
+    aggregates = f"{b.aggregates:,} aggregate{'s' if b.aggregates != 1 else ''}: {shown_ids}" + (
+        f" and {more:,} more" if more > 0 else ""
+    )
+    noun = f"dead ordered message{'s' if b.n != 1 else ''}"
+    if not result.skipped:
+        return [
+            f"  kept {b.n:,} {noun} created before it: each stops its aggregate, and deleting it would"
+            f" unblock the aggregate and leave a hole in aggregate_seq ({aggregates})",
+            "  skip them, recorded, with --skip-blocking --reason TEXT (or relay dead skip / relay dead retry)",
+        ]
+    verb = "would skip" if result.dry_run else "skipped"
+    unblocked = "would unblock" if result.dry_run else "unblocked"
+    lines = [
+        f"  {verb} {result.skipped:,} {noun} created before it, recorded as relay dead skip records them;"
+        f" {unblocked} {aggregates}",
+    ]
+    if result.skipped != b.n:
+        lines.append(f"  ({b.n - result.skipped:,} of them changed meanwhile, re-driven or skipped: left alone)")
+    return lines
+
+
+def _heads_line(h: HeadsResult, dry_run: bool) -> str:
+    if h.postponed:
+        return (
+            f"  heads: none forgotten: {h.waiting:,} or more ordered rows wait to be numbered (relays stopped or"
+            " behind); a later prune forgets idle aggregates once they have caught up"
+        )
+    verb = "would forget" if dry_run else "forgot"
+    return (
+        f"  heads: {verb} the aggregate_seq counters of {h.forgotten:,} ordered aggregate"
+        f"{'s' if h.forgotten != 1 else ''} idle for {format_duration(h.idle_for)} (nothing unfinished, nothing"
+        f" numbered since {h.cutoff.isoformat(timespec='seconds')}; each starts again at aggregate_seq 1 if it comes"
+        f" back), {h.scanned:,} heads rows read"
+    )
 
 
 # ---- relay release
