@@ -211,9 +211,7 @@ async def test_unroutable_is_dead_or_retried_when_configured(rabbit: Rabbit) -> 
     assert await rabbit.count(queue) == 1
 
 
-async def test_check_destinations_looks_at_the_exchange_or_the_queue_a_constant_key_names(
-    rabbit: Rabbit, ctl: BrokerControl
-) -> None:
+async def test_check_destinations_looks_at_the_exchange_or_the_queue_a_constant_key_names(rabbit: Rabbit) -> None:
     exchange = await rabbit.exchange("topic")
     missing = unique("ex")  # never declared
     queue = await rabbit.queue()
@@ -250,16 +248,27 @@ async def test_check_destinations_looks_at_the_exchange_or_the_queue_a_constant_
     assert got is DestinationState.EXISTS and name.startswith("the default exchange")
     assert "only a publish tells" in reason
 
-    # A passive declare needs no permission: a user who may not write still sees it exists.
-    with ctl.user(configure="^$", write="^$", read="^$") as (user, password):
-        readonly = await rabbit.publisher(url=rabbit.amqp.with_user(user, password), exchange=exchange)
-        assert state(await readonly.check_destinations())[0] is DestinationState.EXISTS
-        await readonly.close()
-
     # The connection down: unreachable, at once.
     await absent.close()
     got, _, reason = state(await absent.check_destinations())
     assert got is DestinationState.UNREACHABLE and "down" in reason
+
+
+@pytest.mark.extended  # rabbitmqctl makes and removes a user: seconds
+async def test_check_destinations_needs_no_permission_so_exists_does_not_promise_publishing(
+    rabbit: Rabbit, ctl: BrokerControl
+) -> None:
+    exchange = await rabbit.exchange("topic")
+    await rabbit.queue(bind=(exchange, "OrderPlaced"))
+    with ctl.user(configure="^$", write="^$", read="^$") as (user, password):
+        readonly = await rabbit.publisher(url=rabbit.amqp.with_user(user, password), exchange=exchange)
+        try:
+            [check] = await readonly.check_destinations()
+            outcomes = await readonly.publish([outbox_message()])
+        finally:
+            await readonly.close()
+    assert check.state is DestinationState.EXISTS, check  # a passive declare is allowed to anyone
+    assert kinds(outcomes) == ["BrokerUnavailable"] and "ACCESS_REFUSED" in str(outcomes[0])
 
 
 # -- nack ------------------------------------------------------------------------------
