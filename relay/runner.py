@@ -134,6 +134,8 @@ async def _started(publisher: Publisher) -> bool:
     return True
 
 
+# A start-up step cut short by a stop gets this long to end before the relay exits anyway.
+ABANDON_WAIT_S = 2.0
 # Closing the pool waits this long at most for connection attempts still in progress
 # after a stop during start-up (each may wait out libpq's connect_timeout, 5 s): the
 # process is exiting, and the attempts end with it.
@@ -161,13 +163,20 @@ async def _unless_stopped(stop: asyncio.Event, step: str, work: Coroutine[Any, A
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # run_relay itself cancelled: the step goes with it
+        task.cancel()
+        raise
     finally:
         stopping.cancel()
     if task.done():
         return task.result()
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    # Bounded: a client library that took the cancel for a failed attempt and went on
+    # would otherwise hold the exit (aio-pika's robust connection did; its adapter closes it).
+    await asyncio.wait([task], timeout=ABANDON_WAIT_S)
+    if task.done() and not task.cancelled():
+        with contextlib.suppress(Exception):
+            task.result()  # what it raised on the way out is moot now, but retrieved
     log.info("stopped while %s; nothing was claimed", step)
     return None
 
