@@ -21,6 +21,7 @@ import pytest
 from adapters.rabbitmq import OPTIONS, create
 from adapters.rabbitmq.publisher import RabbitPublisher
 from adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
+from adapters.rabbitmq.unroutable import MAX_KEYS, UnroutableKeys
 from relay.contract import DestinationCheck, DestinationState, Outcome
 from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable, PermanentError, RetryableError
 from relay.message import OutboxMessage
@@ -185,6 +186,56 @@ async def test_unroutable_waits_per_routing_key_without_pausing_the_others_and_f
     assert publisher.unroutable() == ()
     assert any("reaches a queue again" in r.getMessage() for r in caplog.records)
     assert await rabbit.count(shipped) == 1
+
+
+def test_held_keys_are_probed_one_at_a_time_backing_off_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    keys = UnroutableKeys(logging.getLogger("adapters.rabbitmq"), "exchange 'x' at amqp://u@h/", clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="adapters.rabbitmq")
+    first = keys.returned("a", "unroutable")
+    assert keys.is_held("a") and first.retry_after == timedelta(seconds=0.5)
+    assert not keys.take_probe("a")  # not yet due
+    now[0] = 0.5
+    assert keys.take_probe("a") and not keys.take_probe("a")  # one probe at a time
+    keys.no_verdict("a")  # the probe was cut short: the next may go
+    assert keys.take_probe("a")
+    for expected in (1, 2, 4, 5, 5):  # each return backs the next probe off, up to 5 s
+        assert keys.returned("a", "unroutable").retry_after == timedelta(seconds=expected)
+    assert keys.waiting("a").retry_after == timedelta(seconds=5)
+    keys.delivered("a")
+    assert not keys.is_held("a") and keys.held() == ()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "reaches no queue" in lines[0] and "reaches a queue again" in lines[1], lines
+
+    # A template over {aggregate_id}: past MAX_KEYS keys, the rest are held unremembered, one line in all.
+    caplog.clear()
+    for i in range(MAX_KEYS + 50):
+        keys.returned(f"k{i}", "unroutable")
+    assert len(keys.held()) == MAX_KEYS and not keys.is_held(f"k{MAX_KEYS}")
+    assert (
+        len(caplog.records) == MAX_KEYS + 1 and f"more than {MAX_KEYS} routing keys" in caplog.records[-1].getMessage()
+    )
+    long_key = keys.name("z" * 255)
+    assert len(long_key) < 150 and "(255 characters)" in long_key
+
+
+async def test_a_probe_cut_short_by_the_publish_timeout_does_not_hold_its_key_forever(
+    rabbit: Rabbit, proxy: TcpProxy
+) -> None:
+    exchange = await rabbit.exchange("direct")
+    publisher = await rabbit.publisher(url=proxy.url(rabbit.amqp.url), exchange=exchange, routing_key="{event_type}")
+    [held] = await publisher.publish([outbox_message(event_type="Late")])
+    assert isinstance(held, DestinationUnavailable)
+    await asyncio.sleep(held.retry_after.total_seconds())
+    proxy.latency = 1.0  # the probe's confirm will come late: the relay's deadline cancels it
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(publisher.publish([outbox_message(event_type="Late")]), 0.3)
+    proxy.latency = 0.0
+    queue = await rabbit.queue(bind=(exchange, "Late"))
+    # (The cut-short publish may cost the connection, and a moment of reconnecting.)
+    _, failures = await publish_until_confirmed_as(publisher, lambda: outbox_message(event_type="Late"), timeout=10)
+    assert all(isinstance(f, BrokerUnavailable) for f in failures), failures
+    assert await rabbit.count(queue) >= 1
 
 
 async def test_unroutable_is_dead_or_retried_when_configured(rabbit: Rabbit) -> None:

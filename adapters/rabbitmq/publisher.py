@@ -158,6 +158,7 @@ class RabbitPublisher:
         ready: list[tuple[int, Envelope]] = []
         now = datetime.now(UTC)
         keys = self._unroutable
+        probes: list[str] = []
         for i, m in enumerate(batch):
             built = build(m, self.settings, self._frame_max, self._learned_max_size, now)
             if not isinstance(built, Envelope):
@@ -165,9 +166,16 @@ class RabbitPublisher:
             elif keys.is_held(built.routing_key) and not keys.take_probe(built.routing_key):
                 outcomes[i] = keys.waiting(built.routing_key)
             else:
+                if keys.is_held(built.routing_key):
+                    probes.append(built.routing_key)
                 ready.append((i, built))
         if ready:
-            sent = await self._send([envelope for _, envelope in ready])
+            try:
+                sent = await self._send([envelope for _, envelope in ready])
+            except BaseException:  # cancelled (the publish timeout): the probes end without a verdict
+                for key in probes:
+                    keys.no_verdict(key)
+                raise
             for (i, envelope), outcome in zip(ready, sent, strict=True):
                 outcomes[i] = self._routed(envelope.routing_key, outcome)
         self._note(outcomes)
