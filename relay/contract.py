@@ -8,6 +8,7 @@ core reaches a concrete adapter only through :mod:`adapters.registry`, which the
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -63,6 +64,98 @@ class WatchesDestinations(Protocol):
     that reports each one's health, ``on_change(destination, is_open)``, for the metrics."""
 
     def watch_destinations(self, on_change: Callable[[str, bool], None]) -> None: ...
+
+
+class DestinationState(enum.Enum):
+    """What a destination check found (:class:`DestinationCheck`)."""
+
+    EXISTS = "exists"  # there (or, for what no look can tell, assumed there: see the reason)
+    MISSING = "missing"  # the broker says it does not exist: its messages would wait
+    DENIED = "access denied"  # the broker would not let us look; publishing may still work
+    UNREACHABLE = "unreachable"  # no answer within CHECK_TIMEOUT_S, or the connection is down
+
+
+@dataclass(frozen=True)
+class DestinationCheck:
+    """One destination as :meth:`ChecksDestinations.check_destinations` found it.
+
+    :param destination: how people name it, as the adapter's log lines do ("exchange
+        'orders' at amqp://relay@mq:5672/prod", "SQS queue https://..."); never a password.
+    :param state: what the check found.
+    :param reason: one line: the broker's own words for a problem, or what was (and was
+        not) looked at.
+    """
+
+    destination: str
+    state: DestinationState
+    reason: str = ""
+
+    @property
+    def known_absent(self) -> bool:
+        """Missing or unreachable: its messages cannot go now, and the relay is not ready.
+        A destination we may not look at (DENIED) is not known absent: sending may be
+        allowed where looking is not (send-only credentials)."""
+        return self.state in (DestinationState.MISSING, DestinationState.UNREACHABLE)
+
+    def describe(self) -> str:
+        """``<destination> <state>: <reason>``, one line for logs, /readyz and the CLI."""
+        return f"{self.destination} {self.state.value}" + (f": {self.reason}" if self.reason else "")
+
+
+# How long one destination's check may take: a broker that answers nothing in this long
+# counts as unreachable for now (a later check asks again).
+CHECK_TIMEOUT_S = 5.0
+
+
+@runtime_checkable
+class ChecksDestinations(Protocol):
+    """An optional ability (detected when needed, see :func:`check_destinations`): a
+    publisher that can look at every destination it will publish to before it publishes.
+
+    Contract of ``check_destinations``:
+
+    - Call it after ``start`` and before ``close``; it may run beside ``publish``, and as
+      often as the caller likes (`relay start` checks again every few seconds while a
+      destination is missing). It changes nothing on the broker (passive looks only).
+    - It returns one :class:`DestinationCheck` per destination the publisher will use, in a
+      stable order: for RabbitMQ the exchange (a passive declare), for SQS the queue
+      (GetQueueAttributes), for SNS the topic (GetTopicAttributes); a publisher over routes
+      (:class:`relay.routing.RoutedPublisher`) every route's destination and the default one.
+    - It never raises for what it finds: a missing destination, a refusal or a broker that
+      does not answer within :data:`CHECK_TIMEOUT_S` are results (MISSING, DENIED,
+      UNREACHABLE, each with the broker's reason); only cancellation ends it early.
+    - What a look cannot tell is said in the result's reason, not guessed. RabbitMQ's
+      default exchange (no ``--exchange``) always exists: whether a routing key reaches a
+      queue only a publish tells (``mandatory`` and ``basic.return``), so it is EXISTS
+      with that said, unless the routing key is a constant, when the queue of that name
+      (where the default exchange routes it) is looked at instead. A passive declare needs
+      no permission, so EXISTS does not promise that the user may publish; SQS and SNS
+      answer DENIED to credentials that may send but not read attributes.
+    - ``start`` itself does not report a missing destination: the caller says what this
+      found (one line per destination that is not EXISTS).
+    """
+
+    async def check_destinations(self) -> Sequence[DestinationCheck]: ...
+
+
+async def check_destinations(publisher: Publisher) -> list[DestinationCheck] | None:
+    """What ``publisher`` found of its destinations (:class:`ChecksDestinations`), or None
+    when it cannot look (the log broker, a test double): the one call `relay start` and
+    `relay replay` make."""
+    if not isinstance(publisher, ChecksDestinations):
+        return None
+    return list(await publisher.check_destinations())
+
+
+@runtime_checkable
+class ReportsUnroutable(Protocol):
+    """An optional ability: a publisher whose destination can exist and still route some
+    messages nowhere (RabbitMQ: an exchange with no queue bound for a routing key, 312
+    NO_ROUTE on a mandatory publish) holds those messages, attempt refunded, and says here
+    which such keys hold messages now, one line each (at most a bounded number of them),
+    for /readyz and the ``outbox_relay_unroutable_routing_keys`` gauge."""
+
+    def unroutable(self) -> Sequence[str]: ...
 
 
 # The core's default for --publish-timeout, for adapters' own defaults derived from it.

@@ -50,8 +50,10 @@ class BrokerUnavailable(Exception):
 
 class DestinationUnavailable(BrokerUnavailable):
     """One destination of several refuses its messages (or a message has no destination at
-    all): those messages wait, attempt refunded, never 'dead', while the process keeps
-    claiming for the others. Raised by relay.routing, never by an adapter.
+    all, or its routing key reaches no queue): those messages wait, attempt refunded, never
+    'dead', while the process keeps claiming for the others. Raised by relay.routing, and by
+    an adapter for a part of its destination only (adapters.rabbitmq.unroutable: one
+    routing key), never for the whole of it (that is BrokerUnavailable).
 
     :param destination: which one, for people and the metrics.
     :param retry_after: when its messages are worth claiming again (its next probe).

@@ -5,6 +5,7 @@
 ``GET /healthz``  200 ``ok`` while the process's event loop answers (liveness)
 ``GET /readyz``   200 ``ready`` when the readiness callback says so within
                   :data:`READY_TIMEOUT_S`; otherwise 503 and one line saying why
+                  (what `relay start` counts as ready: :mod:`relay.readiness`)
 
 It serves one request per connection and closes it; scrapers and probes expect no more.
 Nothing it writes carries a password: readiness reasons go through :func:`relay.dsn.mask`.

@@ -15,7 +15,7 @@ Every relay process exports the same table-wide gauges; aggregate them with ``ma
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -122,6 +122,11 @@ class RelayMetrics:
             ["destination"],
             registry=r,
         )
+        self.unroutable_routing_keys = Gauge(
+            "outbox_relay_unroutable_routing_keys",
+            "Routing keys (RabbitMQ) that reach no queue now (312 NO_ROUTE): their messages wait, no attempt spent.",
+            registry=r,
+        )
         self.gauges_refreshed = Gauge(
             "outbox_relay_gauges_refreshed_timestamp_seconds",
             "When the outbox gauges were last read from the database (Unix time).",
@@ -187,6 +192,11 @@ class RelayMetrics:
     def set_destination_open(self, destination: str, is_open: bool) -> None:
         """:class:`relay.routing.DestinationHealth`'s callback."""
         self.set_circuit_open(is_open, destination)
+
+    def watch_unroutable(self, count: Callable[[], int]) -> None:
+        """Read ``outbox_relay_unroutable_routing_keys`` from ``count`` at each scrape
+        (:class:`relay.contract.ReportsUnroutable`); 0 until this is called."""
+        self.unroutable_routing_keys.set_function(lambda: float(count()))
 
     def set_status(self, summary: StatusSummary) -> None:
         """Set the outbox gauges from a status summary."""

@@ -6,7 +6,9 @@ denied on it) pauses alone: its messages come back :class:`relay.errors.Destinat
 (attempt refunded, never 'dead') without another call to the broker until its next probe,
 0.5 s to 5 s apart as the process breaker's, while the other destinations flow and the
 workers keep claiming. An ordered aggregate whose head waits for a paused destination
-waits as a whole, since nothing behind its head is claimed. A message with no destination
+waits as a whole, since nothing behind its head is claimed. A destination that takes the
+messages of some routing keys and not others (RabbitMQ: no queue bound for a key) holds
+those keys alone, in its adapter, and is not paused. A message with no destination
 at all (no route takes its type and no default destination is set) waits the same way,
 with one error line per event type, until a relay with a route for it runs.
 """
@@ -20,7 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from relay.backoff import Backoff
-from relay.contract import Outcome, Publisher
+from relay.contract import ChecksDestinations, DestinationCheck, Outcome, Publisher, ReportsUnroutable
 from relay.errors import BrokerUnavailable, DestinationUnavailable, first_line
 from relay.message import OutboxMessage
 from relay.routes import MAX_REMEMBERED, NO_DESTINATION, Router
@@ -123,6 +125,24 @@ class RoutedPublisher:
     def health(self, route: int) -> DestinationHealth:
         return self._targets[route][1]
 
+    def paused(self) -> list[str]:
+        """The destinations paused now (for /readyz)."""
+        return [health.name for _, health in self._targets.values() if health.is_open]
+
+    def unroutable(self) -> list[str]:
+        """Every destination's held routing keys (:class:`relay.contract.ReportsUnroutable`)."""
+        return [key for p, _ in self._targets.values() if isinstance(p, ReportsUnroutable) for key in p.unroutable()]
+
+    async def check_destinations(self) -> list[DestinationCheck]:
+        """Every route's destination and the default one, looked at concurrently, each
+        named once (:class:`relay.contract.ChecksDestinations`)."""
+        checking = [p.check_destinations() for p, _ in self._targets.values() if isinstance(p, ChecksDestinations)]
+        found: dict[str, DestinationCheck] = {}
+        for checks in await asyncio.gather(*checking):
+            for check in checks:
+                found.setdefault(check.destination, check)
+        return list(found.values())
+
     async def start(self) -> None:
         for publisher, _ in self._targets.values():
             await publisher.start()
@@ -165,7 +185,9 @@ class RoutedPublisher:
             raise
         except Exception as exc:  # the contract: taken as every message's outcome
             got = [exc] * len(messages)
-        refused = [o for o in got if isinstance(o, BrokerUnavailable)]
+        # A DestinationUnavailable from the adapter holds one part of the destination (a
+        # routing key no queue is bound for): the destination itself took the message.
+        refused = [o for o in got if isinstance(o, BrokerUnavailable) and not isinstance(o, DestinationUnavailable)]
         if len(refused) == len(got):
             health.record(refused=True, reason=first_line(refused[0]))
         elif any(o is None for o in got) or health.is_open:

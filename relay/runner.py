@@ -4,24 +4,26 @@ wake-up listener, the metrics endpoint, the gauge refresher and the scheduled pr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from relay.breaker import CircuitBreaker
 from relay.config import RelaySettings
-from relay.contract import Publisher, WatchesDestinations
+from relay.contract import Publisher, ReportsUnroutable, WatchesDestinations
 from relay.db import TRANSIENT_DB_ERRORS, check_schema, connect, open_pool
 from relay.dbtext import SQL_ASCII, server_encoding
 from relay.errors import ConfigError, DatabaseUnavailable, first_line
 from relay.oversize import OversizeTurn
+from relay.readiness import Destinations, not_ready
 from relay.shared_settings import Given, SharedSettings, disagreements, read_settings
 from relay.sleep import sleep_unless_stopped
 from relay.store import OutboxStore
@@ -30,6 +32,8 @@ from relay.wakeup import Presence, listen
 from relay.worker import Worker, WorkerStats
 
 log = logging.getLogger("relay.runner")
+
+T = TypeVar("T")
 
 # The queue-depth and oldest-age gauges are read from the table this often: cheap queries
 # (partial indexes only), and Prometheus scrapes every 15 to 60 s anyway.
@@ -94,26 +98,92 @@ async def run_relay(
     spending an attempt. An unexpected error in one worker stops the others and is raised.
 
     ``tracing`` (relay.tracing) is the workers' spans; the caller shuts it down.
+
+    ``stop`` is honoured at every step of the start-up too (connecting to the database,
+    checking the schema, connecting to the broker, checking the destinations): whatever
+    that step is waiting for is abandoned, and the run returns with no stats.
     """
     operate = operate or Operations()
     # One connection per worker plus one spare: a worker holds at most one at a time.
-    pool = await open_pool(settings.dsn, size=settings.workers + 1, limits=settings.session)
+    pool = await _unless_stopped(
+        stop, "connecting to PostgreSQL", open_pool(settings.dsn, size=settings.workers + 1, limits=settings.session)
+    )
+    if pool is None:
+        return RunResult(stats=[])
+    running = False
     try:
         for warning in settings.warnings:
             log.warning("%s", warning)
-        stored = await _prepare(settings, pool, stop)
+        stored = await _unless_stopped(stop, "checking the outbox", _prepare(settings, pool, stop))
         if stored is None:  # stopped while the database was still refusing us
             return RunResult(stats=[])
         for line in disagreements(stored, given, settings.names):
             log.warning("%s", line)
-        await publisher.start()
         try:
+            if await _unless_stopped(stop, "connecting to the broker", _started(publisher)) is None:
+                return RunResult(stats=[])
+            destinations = Destinations(publisher)
+            if await _unless_stopped(stop, "checking the destinations", destinations.check()) is None:
+                return RunResult(stats=[])
             store = OutboxStore(pool, settings.names, settings.session)
-            return await _run(settings, operate, publisher, store, stored, pool, stop, tracing)
+            running = True
+            return await _run(settings, operate, publisher, store, stored, pool, stop, tracing, destinations)
         finally:
             await publisher.close()
     finally:
+        await _close_pool(pool, abandoned=stop.is_set() and not running)
+
+
+async def _started(publisher: Publisher) -> bool:
+    await publisher.start()
+    return True
+
+
+# A start-up step cut short by a stop gets this long to end before the relay exits anyway.
+ABANDON_WAIT_S = 2.0
+# Closing the pool waits this long at most for connection attempts still in progress
+# after a stop during start-up (each may wait out libpq's connect_timeout, 5 s): the
+# process is exiting, and the attempts end with it.
+STOPPED_POOL_CLOSE_S = 0.5
+
+
+async def _close_pool(pool: AsyncConnectionPool[Any], *, abandoned: bool) -> None:
+    """Close ``pool``; ``abandoned``: the start-up was stopped, perhaps with connection
+    attempts still waiting for a server that does not answer."""
+    if abandoned:
+        # The attempts abandoned here each end in a warning of psycopg_pool's ("couldn't
+        # stop task", "error connecting"), none of which an operator who stopped the relay
+        # needs: the process is exiting.
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+        await pool.close(timeout=STOPPED_POOL_CLOSE_S)
+    else:
         await pool.close()
+
+
+async def _unless_stopped(stop: asyncio.Event, step: str, work: Coroutine[Any, Any, T]) -> T | None:
+    """``work``'s result, or None once ``stop`` is set first: the work is then cancelled
+    (a connection attempt, a wait for the pool, a broker that never answers: start-up
+    steps hold nothing that a cancel could lose) and the stop logged with the step."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # run_relay itself cancelled: the step goes with it
+        task.cancel()
+        raise
+    finally:
+        stopping.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    # Bounded: a client library that took the cancel for a failed attempt and went on
+    # would otherwise hold the exit (aio-pika's robust connection did; its adapter closes it).
+    await asyncio.wait([task], timeout=ABANDON_WAIT_S)
+    if task.done() and not task.cancelled():
+        with contextlib.suppress(Exception):
+            task.result()  # what it raised on the way out is moot now, but retrieved
+    log.info("stopped while %s; nothing was claimed", step)
+    return None
 
 
 async def _prepare(
@@ -154,15 +224,25 @@ async def _run(
     pool: AsyncConnectionPool[Any],
     stop: asyncio.Event,
     tracing: Tracing | None,
+    destinations: Destinations,
 ) -> RunResult:
     metrics = None
     if operate.metrics_port is not None:
         from relay.metrics import RelayMetrics  # prometheus-client only when asked for
 
         metrics = RelayMetrics()
+        if isinstance(publisher, ReportsUnroutable):
+            held = publisher
+            metrics.watch_unroutable(lambda: len(held.unroutable()))
     breaker = CircuitBreaker(on_change=metrics.set_circuit_open if metrics else None)  # one per process
-    if metrics is not None and isinstance(publisher, WatchesDestinations):
-        publisher.watch_destinations(metrics.set_destination_open)  # routes: one breaker each
+    if isinstance(publisher, WatchesDestinations):
+        # Routes: one breaker each, for the metrics and for readiness.
+        def on_destination(name: str, is_open: bool) -> None:
+            destinations.destination_changed(name, is_open)
+            if metrics is not None:
+                metrics.set_destination_open(name, is_open)
+
+        publisher.watch_destinations(on_destination)
     oversize = OversizeTurn()  # one message over --batch-bytes in flight per process
     prefix = owner_prefix()
     owners = [f"{prefix}:{i}" for i in range(settings.workers)]
@@ -187,15 +267,17 @@ async def _run(
         )
         for owner, event in zip(owners, events, strict=True)
     ]
-    background: list[asyncio.Task[None]] = []
+    # A destination the start-up check did not find is looked at again until it is there.
+    background: list[asyncio.Task[None]] = [asyncio.create_task(destinations.watch(stop))]
     server: asyncio.Server | None = None
     if metrics is not None and operate.metrics_port is not None:
         from relay.httpd import all_ready, pool_check, serve
 
         async def broker_ready() -> tuple[bool, str]:
-            if breaker.is_open:
-                return False, f"broker: {breaker.reason or 'unavailable'}"
-            return True, "broker accepting messages"
+            reason = not_ready(breaker, destinations)
+            if reason is not None:
+                return False, reason
+            return True, "broker and destinations accepting messages"
 
         ready = all_ready(pool_check(pool, settings.names), broker_ready)
         server = await serve(operate.metrics_port, metrics.registry, ready, host=operate.metrics_host)

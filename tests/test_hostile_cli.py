@@ -196,7 +196,8 @@ async def test_a_huge_event_type_and_a_forged_aggregate_id_neither_delay_nor_for
     # Batches of 20, so that the 300 take 15 batches, all after the long row's (it is
     # written first): whatever logging it costs, every batch behind it waits for.
     args = relay_args(relay_dsn, names, rabbit.amqp.url, "--exchange", exchange, "--workers", "2", "--batch-size", "20")
-    process = RelayProcess("start", *args)
+    # The forged row goes dead (and its aggregate id into a dead row's log line) as unroutable.
+    process = RelayProcess("start", *args, "--unroutable", "permanent")
     relays.append(process)
     await process.wait_for_log("relay started")
 

@@ -42,6 +42,7 @@ SERIES = (
     "outbox_relay_dead_messages",
     "outbox_relay_blocked_aggregates",
     "outbox_relay_circuit_open",
+    "outbox_relay_unroutable_routing_keys",
 )
 
 
@@ -103,6 +104,12 @@ def test_counters_by_event_type_and_outcome() -> None:
     m.set_destination_open("https://sqs.example/1/orders", True)  # a route's own breaker
     assert value("outbox_relay_circuit_open", destination="https://sqs.example/1/orders") == 1
     assert value("outbox_relay_circuit_open", destination="all") == 1
+    assert value("outbox_relay_unroutable_routing_keys") == 0  # exported before any publisher reports
+    held = ["exchange 'x' routing key 'a'", "exchange 'x' routing key 'b'"]
+    m.watch_unroutable(lambda: len(held))  # read at each scrape
+    assert value("outbox_relay_unroutable_routing_keys") == 2
+    held.clear()
+    assert value("outbox_relay_unroutable_routing_keys") == 0
     with pytest.raises(ValueError, match="unknown outcome"):
         m.messages("OrderPaid", "exploded")
     with pytest.raises(ValueError, match="unknown failure class"):

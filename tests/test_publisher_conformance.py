@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import pytest
 
-from relay.contract import Outcome, Publisher
+from relay.contract import DestinationState, Outcome, Publisher, check_destinations
 from relay.errors import BrokerUnavailable, PermanentError, RetryableError
 from relay.message import OutboxMessage
 from tests.publisher_targets import CASES, TARGETS, Delivered, Target, TargetSpec
@@ -182,6 +182,18 @@ async def test_a_missing_destination_is_broker_unavailable_for_its_messages_only
     assert kinds(again) == ["BrokerUnavailable"] * 3
     assert all(isinstance(o, BrokerUnavailable) for o in [*refused, *again])
     assert_arrived_once(await target.read_delivered(12), delivered)
+
+
+async def test_the_destination_check_tells_a_missing_destination_from_one_that_is_there(target: Target) -> None:
+    target.require("missing_destination")
+    missing = await target.make_missing_destination()
+    working = await target.make_publisher()
+    # Before any publish: relay start looks before it reports ready (relay.contract).
+    absent, there = await asyncio.gather(check_destinations(missing), check_destinations(working))
+    assert absent is not None and there is not None, "an adapter with a destination can look at it"
+    assert [c.state for c in absent] == [DestinationState.MISSING], absent
+    assert [c.state for c in there] == [DestinationState.EXISTS], there
+    assert absent[0].reason and absent[0].destination != there[0].destination
 
 
 async def test_close_after_publish_loses_nothing(target: Target) -> None:

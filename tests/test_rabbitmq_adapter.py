@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -20,9 +20,11 @@ import pytest
 
 from adapters.rabbitmq import OPTIONS, create
 from adapters.rabbitmq.publisher import RabbitPublisher
-from adapters.rabbitmq.settings import RabbitSettings
-from relay.contract import Outcome
-from relay.errors import BrokerUnavailable, ConfigError, PermanentError, RetryableError
+from adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
+from adapters.rabbitmq.unroutable import MAX_KEYS, UnroutableKeys
+from relay.contract import DestinationCheck, DestinationState, Outcome
+from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable, PermanentError, RetryableError
+from relay.message import OutboxMessage
 from tests.helpers import DEFAULT_LIMITS
 from tests.rabbitmq_broker import AmqpService, BrokerControl, Rabbit, TcpProxy, outbox_message, unique
 
@@ -36,10 +38,17 @@ def kinds(outcomes: Sequence[Outcome]) -> list[str]:
 async def publish_until_confirmed(publisher: RabbitPublisher, timeout: float) -> tuple[float, list[Outcome]]:
     """Publish one fresh message again and again until it is confirmed; returns the time it
     took and every failed outcome on the way."""
+    return await publish_until_confirmed_as(publisher, outbox_message, timeout)
+
+
+async def publish_until_confirmed_as(
+    publisher: RabbitPublisher, make: Callable[[], OutboxMessage], timeout: float
+) -> tuple[float, list[Outcome]]:
+    """:func:`publish_until_confirmed` with messages from ``make``."""
     failures: list[Outcome] = []
     start = time.monotonic()
     while time.monotonic() - start < timeout:
-        [outcome] = await publisher.publish([outbox_message()])
+        [outcome] = await publisher.publish([make()])
         if outcome is None:
             return time.monotonic() - start, failures
         failures.append(outcome)
@@ -119,7 +128,7 @@ async def test_declare_creates_the_exchange_and_the_routing_key_template_routes(
     invoice = outbox_message(aggregate_type="invoice", event_type="InvoiceSent", aggregate_id="i-1")
     outcomes = await publisher.publish([order, invoice])
     assert outcomes[0] is None
-    assert isinstance(outcomes[1], PermanentError)  # no binding for invoice.*
+    assert isinstance(outcomes[1], DestinationUnavailable)  # no binding for invoice.*: held
     [got] = await rabbit.drain(queue, 1)
     assert got.routing_key == "order.OrderPlaced.o-1"
 
@@ -135,9 +144,103 @@ async def test_declare_creates_the_exchange_and_the_routing_key_template_routes(
 # -- unroutable ------------------------------------------------------------------------
 
 
-async def test_unroutable_is_permanent_by_default_and_retryable_when_configured(rabbit: Rabbit) -> None:
+async def test_unroutable_waits_per_routing_key_without_pausing_the_others_and_flows_once_bound(
+    rabbit: Rabbit, caplog: pytest.LogCaptureFixture
+) -> None:
+    exchange = await rabbit.exchange("topic")
+    caplog.set_level(logging.INFO, logger="adapters.rabbitmq")
+    publisher = await rabbit.publisher(exchange=exchange, routing_key="{aggregate_type}.{event_type}")
+    placed = await rabbit.queue(bind=(exchange, "order.OrderPlaced"))
+
+    def order(event_type: str) -> OutboxMessage:
+        return outbox_message(aggregate_type="order", event_type=event_type)
+
+    # One key has a queue, one has none: the unroutable one waits (never PermanentError,
+    # never RetryableError: no attempt is spent on it), the other is delivered.
+    outcomes = await publisher.publish([order("OrderPlaced"), order("OrderShipped")])
+    assert kinds(outcomes) == ["ok", "DestinationUnavailable"]
+    held = outcomes[1]
+    assert isinstance(held, DestinationUnavailable)
+    assert "312 NO_ROUTE" in str(held) and "'order.OrderShipped'" in held.destination
+    assert timedelta(0) < held.retry_after <= timedelta(seconds=5)
+    assert publisher.unroutable() == (held.destination,)
+
+    # While held, its messages are answered at once without being sent (one probe per key
+    # at a time, when due); the other key keeps flowing meanwhile.
+    waiting = [order("OrderShipped") for _ in range(3)]
+    outcomes = await publisher.publish([*waiting, order("OrderPlaced")])
+    assert kinds(outcomes)[:3] == ["DestinationUnavailable"] * 3 and outcomes[3] is None
+    assert await rabbit.count(placed) == 2
+
+    # One error line for the key however often it comes back.
+    for _ in range(3):
+        await publisher.publish([order("OrderShipped")])
+        await asyncio.sleep(0.2)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 1 and "'order.OrderShipped' reaches no queue (312 NO_ROUTE)" in lines[0], lines
+
+    # Bound: its next probe is routed and the key flows again (within the 5 s probe cap).
+    shipped = await rabbit.queue(bind=(exchange, "order.OrderShipped"))
+    _, failures = await publish_until_confirmed_as(publisher, lambda: order("OrderShipped"), timeout=8)
+    assert all(isinstance(f, DestinationUnavailable) for f in failures), failures
+    assert publisher.unroutable() == ()
+    assert any("reaches a queue again" in r.getMessage() for r in caplog.records)
+    assert await rabbit.count(shipped) == 1
+
+
+def test_held_keys_are_probed_one_at_a_time_backing_off_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    keys = UnroutableKeys(logging.getLogger("adapters.rabbitmq"), "exchange 'x' at amqp://u@h/", clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="adapters.rabbitmq")
+    first = keys.returned("a", "unroutable")
+    assert keys.is_held("a") and first.retry_after == timedelta(seconds=0.5)
+    assert not keys.take_probe("a")  # not yet due
+    now[0] = 0.5
+    assert keys.take_probe("a") and not keys.take_probe("a")  # one probe at a time
+    keys.no_verdict("a")  # the probe was cut short: the next may go
+    assert keys.take_probe("a")
+    for expected in (1, 2, 4, 5, 5):  # each return backs the next probe off, up to 5 s
+        assert keys.returned("a", "unroutable").retry_after == timedelta(seconds=expected)
+    assert keys.waiting("a").retry_after == timedelta(seconds=5)
+    keys.delivered("a")
+    assert not keys.is_held("a") and keys.held() == ()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "reaches no queue" in lines[0] and "reaches a queue again" in lines[1], lines
+
+    # A template over {aggregate_id}: past MAX_KEYS keys, the rest are held unremembered, one line in all.
+    caplog.clear()
+    for i in range(MAX_KEYS + 50):
+        keys.returned(f"k{i}", "unroutable")
+    assert len(keys.held()) == MAX_KEYS and not keys.is_held(f"k{MAX_KEYS}")
+    assert (
+        len(caplog.records) == MAX_KEYS + 1 and f"more than {MAX_KEYS} routing keys" in caplog.records[-1].getMessage()
+    )
+    long_key = keys.name("z" * 255)
+    assert len(long_key) < 150 and "(255 characters)" in long_key
+
+
+async def test_a_probe_cut_short_by_the_publish_timeout_does_not_hold_its_key_forever(
+    rabbit: Rabbit, proxy: TcpProxy
+) -> None:
     exchange = await rabbit.exchange("direct")
-    strict = await rabbit.publisher(exchange=exchange, routing_key="{event_type}")
+    publisher = await rabbit.publisher(url=proxy.url(rabbit.amqp.url), exchange=exchange, routing_key="{event_type}")
+    [held] = await publisher.publish([outbox_message(event_type="Late")])
+    assert isinstance(held, DestinationUnavailable)
+    await asyncio.sleep(held.retry_after.total_seconds())
+    proxy.latency = 1.0  # the probe's confirm will come late: the relay's deadline cancels it
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(publisher.publish([outbox_message(event_type="Late")]), 0.3)
+    proxy.latency = 0.0
+    queue = await rabbit.queue(bind=(exchange, "Late"))
+    # (The cut-short publish may cost the connection, and a moment of reconnecting.)
+    _, failures = await publish_until_confirmed_as(publisher, lambda: outbox_message(event_type="Late"), timeout=10)
+    assert all(isinstance(f, BrokerUnavailable) for f in failures), failures
+    assert await rabbit.count(queue) >= 1
+
+
+async def test_unroutable_is_dead_or_retried_when_configured(rabbit: Rabbit) -> None:
+    exchange = await rabbit.exchange("direct")
+    strict = await rabbit.publisher(exchange=exchange, routing_key="{event_type}", unroutable="permanent")
     lenient = await rabbit.publisher(exchange=exchange, routing_key="{event_type}", unroutable="retryable")
 
     [outcome] = await strict.publish([outbox_message(event_type="OrderPlaced")])
@@ -145,6 +248,7 @@ async def test_unroutable_is_permanent_by_default_and_retryable_when_configured(
     assert "312 NO_ROUTE" in str(outcome) and exchange in str(outcome) and "'OrderPlaced'" in str(outcome)
     [outcome] = await lenient.publish([outbox_message(event_type="OrderPlaced")])
     assert isinstance(outcome, RetryableError) and "NO_ROUTE" in str(outcome)
+    assert strict.unroutable() == lenient.unroutable() == ()
 
     # Bound: delivered. A return fails only its own message; the channel stays usable.
     queue = await rabbit.queue(bind=(exchange, "OrderPlaced"))
@@ -156,6 +260,66 @@ async def test_unroutable_is_permanent_by_default_and_retryable_when_configured(
     [outcome] = await strict.publish([outbox_message(event_type="OrderPlaced")])
     assert isinstance(outcome, PermanentError)
     assert await rabbit.count(queue) == 1
+
+
+async def test_check_destinations_looks_at_the_exchange_or_the_queue_a_constant_key_names(rabbit: Rabbit) -> None:
+    exchange = await rabbit.exchange("topic")
+    missing = unique("ex")  # never declared
+    queue = await rabbit.queue()
+
+    def state(checks: Sequence[DestinationCheck]) -> tuple[DestinationState, str, str]:
+        [check] = checks
+        assert "guest:" not in check.describe()  # never the password
+        return check.state, check.destination, check.reason
+
+    there = await rabbit.publisher(exchange=exchange)
+    assert state(await there.check_destinations())[:2] == (
+        DestinationState.EXISTS,
+        f"exchange '{exchange}' in vhost '/' at amqp://guest@{rabbit.amqp.host}:{rabbit.amqp.port}/",
+    )
+    absent = await rabbit.publisher(exchange=missing)
+    got, name, reason = state(await absent.check_destinations())
+    assert got is DestinationState.MISSING and missing in name and f"no exchange '{missing}'" in reason
+    # Looking changed nothing: the exchange is still missing, and the publisher still works.
+    assert state(await absent.check_destinations())[0] is DestinationState.MISSING
+    await rabbit.exchange("topic", name=missing)
+    assert state(await absent.check_destinations())[0] is DestinationState.EXISTS
+
+    # The default exchange with a constant routing key: the queue of that name.
+    to_queue = await rabbit.publisher(routing_key=queue)
+    assert state(await to_queue.check_destinations())[:2] == (
+        DestinationState.EXISTS,
+        f"queue {queue!r} (where the default exchange routes routing key {queue!r}) at {to_queue.settings.where}",
+    )
+    nowhere = await rabbit.publisher(routing_key=unique("q"))
+    assert state(await nowhere.check_destinations())[0] is DestinationState.MISSING
+    # With a template only a publish tells: said, not guessed.
+    templated = await rabbit.publisher(routing_key="{event_type}")
+    got, name, reason = state(await templated.check_destinations())
+    assert got is DestinationState.EXISTS and name.startswith("the default exchange")
+    assert "only a publish tells" in reason
+
+    # The connection down: unreachable, at once.
+    await absent.close()
+    got, _, reason = state(await absent.check_destinations())
+    assert got is DestinationState.UNREACHABLE and "down" in reason
+
+
+@pytest.mark.extended  # rabbitmqctl makes and removes a user: seconds
+async def test_check_destinations_needs_no_permission_so_exists_does_not_promise_publishing(
+    rabbit: Rabbit, ctl: BrokerControl
+) -> None:
+    exchange = await rabbit.exchange("topic")
+    await rabbit.queue(bind=(exchange, "OrderPlaced"))
+    with ctl.user(configure="^$", write="^$", read="^$") as (user, password):
+        readonly = await rabbit.publisher(url=rabbit.amqp.with_user(user, password), exchange=exchange)
+        try:
+            [check] = await readonly.check_destinations()
+            outcomes = await readonly.publish([outbox_message()])
+        finally:
+            await readonly.close()
+    assert check.state is DestinationState.EXISTS, check  # a passive declare is allowed to anyone
+    assert kinds(outcomes) == ["BrokerUnavailable"] and "ACCESS_REFUSED" in str(outcomes[0])
 
 
 # -- nack ------------------------------------------------------------------------------
@@ -362,7 +526,7 @@ async def test_access_refused_on_the_exchange_refuses_every_message(rabbit: Rabb
 async def test_an_ordered_message_waits_for_the_confirm_of_the_one_before_it(rabbit: Rabbit) -> None:
     exchange = await rabbit.exchange("direct")
     queue = await rabbit.queue(bind=(exchange, "OrderPlaced"))
-    publisher = await rabbit.publisher(exchange=exchange, routing_key="{event_type}")
+    publisher = await rabbit.publisher(exchange=exchange, routing_key="{event_type}", unroutable="permanent")
     # Two ordered messages of aggregate A in one batch (the ordered claim never does this,
     # the adapter still guards it): the first cannot be routed, so the second must not go.
     first = outbox_message(aggregate_id="A", event_type="Unbound", ordered=True)
@@ -425,7 +589,8 @@ def test_options_are_named_for_the_cli_and_the_url_is_secret() -> None:
     assert {o.section for o in OPTIONS} == {"rabbitmq"}
     assert by_dest["exchange"].default == "" and by_dest["routing_key"].default == "{event_type}"
     assert by_dest["declare"].kind == "bool" and by_dest["declare"].default is False
-    assert by_dest["unroutable"].choices == ("permanent", "retryable")
+    assert by_dest["unroutable"].choices == ("wait", "permanent", "retryable")
+    assert by_dest["unroutable"].default == "wait"  # a missing binding is a configuration fault: held
 
 
 @pytest.mark.parametrize(
@@ -461,6 +626,11 @@ def test_routing_key_template_and_default_confirm_timeout() -> None:
     assert settings.confirm_timeout == timedelta(seconds=8)  # 80% of --publish-timeout
     assert settings.vhost == "/" and settings.user == "u"
     assert RabbitSettings(url="amqp://u:p@h:5672/%2Fprod").vhost == "/prod"
+    # A template with no field is one key for every message (the destination check looks
+    # at the queue of that name on the default exchange).
+    assert settings.routing_key.constant is None
+    assert RoutingKeyTemplate("orders{{eu}}").constant == "orders{eu}" == RoutingKeyTemplate("orders{{eu}}").render(m)
+    assert RoutingKeyTemplate("{event_type}").constant is None
 
 
 def test_reading_the_options_does_not_import_aio_pika() -> None:

@@ -159,8 +159,16 @@ async def test_a_missing_exchange_never_stops_relay_start_and_delivery_begins_on
     ours = [line for line in errors if "adapters.rabbitmq:" in line]
     assert len(ours) == 1, errors  # one line for the outage, not one per batch or message
     assert f"exchange '{name}' not found" in ours[0]
-    # The core's circuit breaker reports the same outage once more, in its own words.
-    assert all("adapters.rabbitmq:" in line or "relay.breaker:" in line for line in errors), errors
+    # The start-up check said it once before any publish; the core's circuit breaker
+    # reports the same outage once more, in its own words.
+    checked = [line for line in errors if "relay.readiness:" in line]
+    assert len(checked) == 1 and f"destination exchange '{name}' in vhost '/'" in checked[0], errors
+    assert "missing: NOT_FOUND" in checked[0]
+    assert all(
+        "adapters.rabbitmq:" in line or "relay.breaker:" in line or "relay.readiness:" in line for line in errors
+    ), errors
+    where = f"amqp://guest@{rabbit.amqp.host}:{rabbit.amqp.port}/"
+    assert f"destination exchange '{name}' in vhost '/' at {where} is there now" in process.stderr()
     assert "delivery resumed" in process.stderr()
 
 

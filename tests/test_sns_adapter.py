@@ -25,6 +25,7 @@ from adapters.registry import broker_options
 from adapters.sns import OPTIONS, SnsSettings, create
 from adapters.sns.publisher import SnsPublisher
 from adapters.sqs import OPTIONS as SQS_OPTIONS
+from relay.contract import DestinationState
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
 from relay.options import resolve
 from tests.helpers import DEFAULT_LIMITS
@@ -197,6 +198,24 @@ async def test_credentials_aws_rejects_at_start_are_a_config_error(
 
 # ---------------------------------------------------------------------------------------
 # Delivery
+
+
+async def test_check_destinations_sees_a_topic_created_later_and_tells_denied(
+    publisher: MakePublisher, make_topic: Callable[..., Topic], sns_client: Any
+) -> None:
+    # (There and missing for every adapter: tests/test_publisher_conformance.py.)
+    name = unique_topic_name(fifo=False)
+    absent = await publisher(topic_arn(name))
+    [check] = await absent.check_destinations()
+    assert check.state is DestinationState.MISSING and "NotFound" in check.reason, check
+    create_topic(sns_client, name)
+    assert [c.state for c in await absent.check_destinations()] == [DestinationState.EXISTS]
+
+    faults = SnsFaults()
+    denied = await publisher(make_topic(fifo=False).arn, faults=faults)
+    faults.error("AuthorizationError", status=403, operation="GetTopicAttributes")
+    [check] = await denied.check_destinations()
+    assert check.state is DestinationState.DENIED and not check.known_absent, check
 
 
 async def test_standard_topic_delivers_the_payload_as_body_and_the_envelope_as_attributes(

@@ -23,6 +23,7 @@ from botocore.exceptions import ParamValidationError
 from adapters.aws.entries import group_id
 from adapters.sqs import OPTIONS, SqsSettings, create
 from adapters.sqs.publisher import SqsPublisher
+from relay.contract import DestinationState
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
 from relay.options import resolve
 from tests.helpers import DEFAULT_LIMITS
@@ -189,6 +190,31 @@ async def test_credentials_aws_rejects_at_start_are_a_config_error(
     faults.error("UnrecognizedClientException", status=400, operation="GetQueueAttributes")
     with pytest.raises(ConfigError, match=r"AWS refused the credentials for SQS queue .*UnrecognizedClientException"):
         await publisher(make_queue(), faults=faults)
+
+
+async def test_check_destinations_sees_a_queue_created_later_and_tells_denied_from_unreachable(
+    publisher: MakePublisher, make_queue: Callable[..., str], moto_endpoint: str, sqs_client: Any
+) -> None:
+    # (There and missing for every adapter: tests/test_publisher_conformance.py.)
+    name = unique_queue_name(fifo=False)
+    absent = await publisher(queue_url(moto_endpoint, name))
+    [check] = await absent.check_destinations()
+    assert check.state is DestinationState.MISSING and "NonExistentQueue" in check.reason, check
+    assert check.known_absent and check.describe().startswith(f"SQS queue {queue_url(moto_endpoint, name)} missing: ")
+    sqs_client.create_queue(QueueName=name)
+    assert [c.state for c in await absent.check_destinations()] == [DestinationState.EXISTS]
+
+    # Credentials that may send but not read attributes: not known absent (sending may work).
+    faults = Faults()
+    denied = await publisher(make_queue(), faults=faults)
+    faults.error("AccessDenied", status=403, query_code="AccessDenied", operation="GetQueueAttributes")
+    [check] = await denied.check_destinations()
+    assert check.state is DestinationState.DENIED and not check.known_absent, check
+
+    with silent_endpoint() as endpoint:
+        silent = await publisher(f"{endpoint}/000000000000/q", read_timeout_s=0.3, connect_timeout_s=0.3)
+        [check] = await silent.check_destinations()
+    assert check.state is DestinationState.UNREACHABLE and check.known_absent, check
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,21 @@ from tests.producers import (
 )
 from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
 from tests.sqs_server import queue_url, receive_all, unique_queue_name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 def as_message(row: dict[str, Any]) -> OutboxMessage:
@@ -137,11 +155,13 @@ def test_a_queue_created_after_the_relay_started_is_used_within_seconds(
     config = tmp_path / "relay.toml"
     config.write_text(f'[sqs]\nqueue_url = "{url}"\n')
     env = relay_env(RELAY_ENDPOINT_URL=moto_endpoint, RELAY_REGION="us-east-1")
+    port = free_port()
     relay = RelayProcess(
         "start", "--config", str(config), "--dsn", relay_dsn, "--schema", db.names.schema,
         "--broker", "sqs", "--workers", "2", "--poll-interval", "100ms", "--ordering-default", "unordered",
-        env=env,
+        "--metrics-port", str(port), "--metrics-host", "127.0.0.1", env=env,
     )  # fmt: skip
+    readyz = f"http://127.0.0.1:{port}/readyz"
     try:
         # The first outage line (a loaded machine may take seconds to start the relay),
         # then several outage rounds.
@@ -153,6 +173,11 @@ def test_a_queue_created_after_the_relay_started_is_used_within_seconds(
         assert max(r["attempts"] for r in db.rows()) <= 1, "an outage must not spend attempts"
         outage_lines = [line for line in relay.stderr().splitlines() if "is unavailable" in line]
         assert len(outage_lines) == 1 and url in outage_lines[0], relay.stderr()
+        # Not ready, for the start-up check's reason or the breaker's (both name the queue).
+        status, body = http_get(readyz)
+        assert status == 503 and url in body and "NonExistentQueue" in body, (status, body)
+        checked = [line for line in relay.stderr().splitlines() if "relay.readiness:" in line]
+        assert len(checked) == 1 and f"destination SQS queue {url} missing: " in checked[0], checked
 
         sqs_client.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})
         created = time.monotonic()
@@ -160,6 +185,7 @@ def test_a_queue_created_after_the_relay_started_is_used_within_seconds(
         took = time.monotonic() - created
         assert took < 8, f"took {took:.1f}s after the queue appeared"
         assert "delivery resumed" in relay.stderr()
+        assert wait_until(lambda: http_get(readyz)[0] == 200, timeout=10), http_get(readyz)
         assert relay.stop() == 0, relay.stderr()[-3000:]
     finally:
         relay.close()

@@ -24,11 +24,20 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from adapters.aws.classify import Fault, classify_client_error, classify_entry, classify_transport_error
+from adapters.aws.classify import (
+    ACCESS_DENIED,
+    CREDENTIALS,
+    QUEUE_MISSING,
+    TOPIC_MISSING,
+    Fault,
+    classify_client_error,
+    classify_entry,
+    classify_transport_error,
+)
 from adapters.aws.entries import Entry, pack
 from adapters.aws.settings import AwsSettings
 from adapters.outage import OutageLog
-from relay.contract import Outcome
+from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
 from relay.message import OutboxMessage
 
@@ -125,6 +134,11 @@ class AwsPublisher(Generic[C, R]):
         """One batch call, on a pool thread; SDK exceptions are classified by the caller."""
         raise NotImplementedError
 
+    def look(self, client: C) -> None:
+        """Read the destination's attributes once, on a pool thread (GetQueueAttributes,
+        GetTopicAttributes): it raises the service's error when the destination is not there."""
+        raise NotImplementedError
+
     # -- shared ------------------------------------------------------------------------
 
     def _region(self) -> str:
@@ -171,6 +185,29 @@ class AwsPublisher(Generic[C, R]):
         self._executor = ThreadPoolExecutor(max_workers=self.settings.concurrency, thread_name_prefix=self.name)
         self._client = await self.run(self._make_client)
         await self.probe()
+
+    async def check_destinations(self) -> list[DestinationCheck]:
+        """The queue or topic, by one read of its attributes
+        (:class:`relay.contract.ChecksDestinations`)."""
+        client = self.client
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                await self.run(lambda: self.look(client))
+        except TimeoutError:
+            return [self._checked(DestinationState.UNREACHABLE, f"no answer within {CHECK_TIMEOUT_S:g}s")]
+        except ClientError as exc:
+            fault = classify_client_error(exc)
+            if fault.code in QUEUE_MISSING | TOPIC_MISSING:
+                return [self._checked(DestinationState.MISSING, fault.text())]
+            if fault.code in ACCESS_DENIED | CREDENTIALS:
+                return [self._checked(DestinationState.DENIED, fault.text())]
+            return [self._checked(DestinationState.UNREACHABLE, fault.text())]
+        except BotoCoreError as exc:
+            return [self._checked(DestinationState.UNREACHABLE, classify_transport_error(exc).text())]
+        return [self._checked(DestinationState.EXISTS)]
+
+    def _checked(self, state: DestinationState, reason: str = "") -> DestinationCheck:
+        return DestinationCheck(self.destination, state, " ".join(reason.split()))
 
     def _make_client(self) -> C:
         if self.session.get_credentials() is None:

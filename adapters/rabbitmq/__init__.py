@@ -6,6 +6,7 @@
 - ``envelope``: an outbox row as an AMQP message, refused before sending when the broker
   or the client could never take it.
 - ``classify``: every broker and client failure sorted into the relay's failure classes.
+- ``unroutable``: routing keys no queue is bound for, each held alone until one is.
 - ``publisher``: the connection, the confirm channels and the batch publish.
 """
 

@@ -56,6 +56,13 @@ class _Held(Exception):
     in the same batch was not confirmed."""
 
 
+class Unroutable(BrokerUnavailable):
+    """312 NO_ROUTE under ``--unroutable wait``: a configuration fault, not the message's.
+    The publisher replaces it with its routing key's held outcome
+    (:mod:`adapters.rabbitmq.unroutable`); should one slip through, it still spends no
+    attempt and sends nothing to 'dead'."""
+
+
 UNCONFIRMED = _Unconfirmed()
 NOT_SENT = _NotSent()
 HELD = _Held()
@@ -142,6 +149,8 @@ def _delivery_error(raw: amqp_errors.DeliveryError, envelope: Envelope, settings
             f"unroutable: exchange {settings.exchange_label} returned the message for routing key"
             f" {envelope.routing_key!r} ({frame.reply_code} {frame.reply_text}): no queue is bound for it"
         )
+        if frame.reply_code == NO_ROUTE and settings.unroutable == "wait":
+            return Unroutable(text)
         if frame.reply_code == NO_ROUTE and settings.unroutable == "permanent":
             return PermanentError(text)
         return RetryableError(text)

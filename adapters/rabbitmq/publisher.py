@@ -27,17 +27,17 @@ from adapters.rabbitmq.classify import (
     NOT_SENT,
     UNCONFIRMED,
     BatchFault,
-    access_refused,
+    Unroutable,
     classify,
     describe,
     reply_text,
 )
-from adapters.rabbitmq.classify import exchange_missing as exchange_missing_fault
 from adapters.rabbitmq.envelope import MIN_FRAME_MAX, Envelope, build
 from adapters.rabbitmq.settings import RabbitSettings
-from relay.contract import Outcome
+from adapters.rabbitmq.unroutable import UnroutableKeys
+from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
 from relay.dsn import mask
-from relay.errors import BrokerUnavailable, ConfigError
+from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable
 from relay.message import OutboxMessage
 from relay.textsafe import clip, escape
 
@@ -92,6 +92,7 @@ class RabbitPublisher:
         self._frame_max = MIN_FRAME_MAX
         self._learned_max_size: int | None = None
         self._outage = OutageLog(log, "RabbitMQ")
+        self._unroutable = UnroutableKeys(log, f"exchange {settings.exchange_label} at {settings.where}")
         self._quiet = QuietReconnects()
         self._blocking = Blocking(log, settings.where)
         self._closing = False
@@ -100,11 +101,13 @@ class RabbitPublisher:
     # -- life cycle ------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect (a short retry, then ``ConfigError``), and declare or look for the exchange.
+        """Connect (a short retry, then ``ConfigError``), and with ``--declare`` declare the
+        exchange.
 
-        A missing exchange is not an error here: topology is often created after the relay
-        starts, and messages simply wait for it. Only with ``--declare`` does a failure to
-        create it stop the start.
+        A missing exchange is not an error here, nor said here: topology is often created
+        after the relay starts, and messages simply wait for it; :meth:`check_destinations`
+        tells whether it is there. Only with ``--declare`` does a failure to create it stop
+        the start.
         """
         self._quiet.install()
         try:
@@ -120,8 +123,6 @@ class RabbitPublisher:
             )
             if self.settings.declare:
                 await self._declare_exchange()
-            elif self.settings.exchange:
-                await self._look_for_exchange()
         except BaseException:
             await self.close()
             raise
@@ -150,22 +151,100 @@ class RabbitPublisher:
     # -- publishing ------------------------------------------------------------------
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:
-        """One outcome per message, in order: None once the broker confirmed it."""
+        """One outcome per message, in order: None once the broker confirmed it. A message
+        whose routing key is held as unroutable waits unsent (one probe per key at a time,
+        :mod:`adapters.rabbitmq.unroutable`)."""
         outcomes: list[Outcome] = [None] * len(batch)
         ready: list[tuple[int, Envelope]] = []
         now = datetime.now(UTC)
+        keys = self._unroutable
+        probes: list[str] = []
         for i, m in enumerate(batch):
             built = build(m, self.settings, self._frame_max, self._learned_max_size, now)
-            if isinstance(built, Envelope):
-                ready.append((i, built))
-            else:
+            if not isinstance(built, Envelope):
                 outcomes[i] = built
+            elif keys.is_held(built.routing_key) and not keys.take_probe(built.routing_key):
+                outcomes[i] = keys.waiting(built.routing_key)
+            else:
+                if keys.is_held(built.routing_key):
+                    probes.append(built.routing_key)
+                ready.append((i, built))
         if ready:
-            sent = await self._send([envelope for _, envelope in ready])
-            for (i, _), outcome in zip(ready, sent, strict=True):
-                outcomes[i] = outcome
+            try:
+                sent = await self._send([envelope for _, envelope in ready])
+            except BaseException:  # cancelled (the publish timeout): the probes end without a verdict
+                for key in probes:
+                    keys.no_verdict(key)
+                raise
+            for (i, envelope), outcome in zip(ready, sent, strict=True):
+                outcomes[i] = self._routed(envelope.routing_key, outcome)
         self._note(outcomes)
         return outcomes
+
+    def _routed(self, key: str, outcome: Outcome) -> Outcome:
+        """What a sent message's outcome says of its routing key, and its outcome then."""
+        if isinstance(outcome, Unroutable):
+            return self._unroutable.returned(key, str(outcome))
+        if outcome is None:
+            self._unroutable.delivered(key)
+        else:
+            self._unroutable.no_verdict(key)
+        return outcome
+
+    def unroutable(self) -> tuple[str, ...]:
+        """The routing keys held now because no queue is bound for them
+        (:class:`relay.contract.ReportsUnroutable`)."""
+        return self._unroutable.held()
+
+    async def check_destinations(self) -> list[DestinationCheck]:
+        """The exchange, by a passive declare on a channel of its own; on the default
+        exchange, the queue a constant routing key names (see
+        :class:`relay.contract.ChecksDestinations`)."""
+        return [await self._check()]
+
+    async def _check(self) -> DestinationCheck:
+        s = self.settings
+        queue = None if s.exchange else s.routing_key.constant
+        if s.exchange:
+            what = f"exchange '{s.exchange}' in vhost '{s.vhost}' at {s.where}"
+        elif queue is not None:
+            what = f"queue {queue!r} (where the default exchange routes routing key {queue!r}) at {s.where}"
+        else:
+            return DestinationCheck(
+                f"the default exchange at {s.where}",
+                DestinationState.EXISTS,
+                f"it always exists; whether routing key {s.routing_key.text!r} reaches a queue only a publish"
+                " tells (a mandatory publish comes back NO_ROUTE), and messages of a key no queue is bound for wait",
+            )
+        connection = self._connection
+        blocked = self._blocking.refusal()
+        if blocked is not None:
+            return DestinationCheck(what, DestinationState.UNREACHABLE, str(blocked))
+        if connection is None or self._closing or not connection.connected.is_set():
+            return DestinationCheck(what, DestinationState.UNREACHABLE, "the connection to RabbitMQ is down")
+        channel: aio_pika.abc.AbstractChannel | None = None
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                channel = await self._open_channel()
+                if queue is None:
+                    await channel.get_exchange(s.exchange, ensure=True)  # a passive declare
+                else:
+                    await channel.get_queue(queue, ensure=True)
+        except amqp_errors.ChannelNotFoundEntity as exc:
+            return DestinationCheck(what, DestinationState.MISSING, mask(reply_text(exc) or "404 NOT_FOUND"))
+        except amqp_errors.ChannelAccessRefused as exc:
+            return DestinationCheck(what, DestinationState.DENIED, mask(reply_text(exc) or "403 ACCESS_REFUSED"))
+        except amqp_errors.ChannelLockedResource:
+            # An exclusive queue of another connection: it exists, and the exchange routes to it.
+            return DestinationCheck(what, DestinationState.EXISTS, "exclusive to another connection")
+        except TimeoutError:
+            return DestinationCheck(what, DestinationState.UNREACHABLE, f"no answer within {CHECK_TIMEOUT_S:g}s")
+        except _CHANNEL_ERRORS as exc:
+            return DestinationCheck(what, DestinationState.UNREACHABLE, mask(describe(exc)))
+        finally:
+            if channel is not None:
+                await _close_channel(channel)
+        return DestinationCheck(what, DestinationState.EXISTS)
 
     async def _send(self, envelopes: Sequence[Envelope]) -> list[Outcome]:
         if self._connection is not None and self._connection.transport is not None:
@@ -277,7 +356,11 @@ class RabbitPublisher:
         )
 
     def _note(self, outcomes: Sequence[Outcome]) -> None:
-        refused = next((o for o in outcomes if isinstance(o, BrokerUnavailable)), None)
+        # A held routing key is its own line (adapters.rabbitmq.unroutable), not an outage.
+        refused = next(
+            (o for o in outcomes if isinstance(o, BrokerUnavailable) and not isinstance(o, DestinationUnavailable)),
+            None,
+        )
         if refused is not None:
             self._outage.refused(str(refused))
         elif any(o is None for o in outcomes):
@@ -291,6 +374,12 @@ class RabbitPublisher:
         if "reconnect_interval" not in parse_qs(urlsplit(url).query):
             extra["reconnect_interval"] = RECONNECT_INTERVAL_S
         last: BaseException | None = None
+        made: list[aio_pika.RobustConnection] = []
+
+        def tracked(*args: Any, **kwargs: Any) -> aio_pika.RobustConnection:
+            made.append(aio_pika.RobustConnection(*args, **kwargs))
+            return made[-1]
+
         for attempt in range(CONNECT_ATTEMPTS):
             if attempt:
                 await asyncio.sleep(CONNECT_RETRY_DELAYS_S[attempt - 1])
@@ -299,9 +388,17 @@ class RabbitPublisher:
                     url,
                     timeout=CONNECT_TIMEOUT_S,
                     client_properties={"connection_name": self.connection_name},
+                    connection_class=cast(Any, tracked),
                     **extra,
                 )
                 return connection
+            except asyncio.CancelledError:
+                # A stop during start-up. The robust connection's own task would take the
+                # cancel for a failed attempt and dial again, forever: close it.
+                for made_connection in made:
+                    with contextlib.suppress(*_CHANNEL_ERRORS):
+                        await made_connection.close()
+                raise
             except ValueError as exc:  # yarl or aiormq refusing the URL itself
                 reason = escape(clip(mask(str(exc)), 200))
                 where = self.settings.where
@@ -347,23 +444,6 @@ class RabbitPublisher:
             raise ConfigError(
                 f"cannot declare exchange '{s.exchange}' (type {s.exchange_type}) at {s.where}: {mask(describe(exc))}"
             ) from None
-        finally:
-            if channel is not None:
-                await _close_channel(channel)
-
-    async def _look_for_exchange(self) -> None:
-        """Say at start, once, that the exchange is missing; never fail the start for it."""
-        s = self.settings
-        channel: aio_pika.abc.AbstractChannel | None = None
-        try:
-            channel = await self._open_channel()
-            await channel.get_exchange(s.exchange, ensure=True)  # a passive declare
-        except amqp_errors.ChannelNotFoundEntity as exc:
-            self._outage.refused(str(exchange_missing_fault(s, reply_text(exc))))
-        except amqp_errors.ChannelAccessRefused as exc:
-            self._outage.refused(str(access_refused(s, reply_text(exc))))
-        except _CHANNEL_ERRORS as exc:
-            log.debug("could not check exchange %s: %s", s.exchange_label, describe(exc))
         finally:
             if channel is not None:
                 await _close_channel(channel)

@@ -72,11 +72,12 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "unroutable",
         "choice",
-        "permanent",
-        "A message no queue is bound for: 'permanent' sends it to dead, 'retryable' retries it"
-        " (for deployments that bind their queues later).",
+        "wait",
+        "A message no queue is bound for (312 NO_ROUTE): 'wait' holds it, no attempt spent, until"
+        " a queue is bound for its routing key (a configuration fault, like a missing exchange);"
+        " 'permanent' sends it to dead; 'retryable' retries it, spending attempts.",
         section=SECTION,
-        choices=("permanent", "retryable"),
+        choices=("wait", "permanent", "retryable"),
     ),
     Option(
         "publish_confirm_timeout",
@@ -126,6 +127,10 @@ class RoutingKeyTemplate:
                 )
             parts.append(_field(name))
         self._parts = tuple(parts)
+        # The one key every message gets when the template names no field ("{{" read as "{"),
+        # else None.
+        fixed = not any(name is not None for _, name, _, _ in parsed)
+        self.constant: str | None = "".join(literal for literal, _, _, _ in parsed) if fixed else None
         # The common templates skip the join: this runs once per message.
         self._single = parts[0] if len(parts) == 1 else None
 
@@ -159,7 +164,7 @@ class RabbitSettings:
     routing_key: RoutingKeyTemplate = field(default_factory=lambda: RoutingKeyTemplate("{event_type}"))
     declare: bool = False
     exchange_type: str = "topic"
-    unroutable: Literal["permanent", "retryable"] = "permanent"
+    unroutable: Literal["wait", "permanent", "retryable"] = "wait"
     confirm_timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT * CONFIRM_SHARE_OF_PUBLISH_TIMEOUT
     max_message_size: int = RABBITMQ_MAX_MESSAGE_SIZE
 
@@ -192,7 +197,7 @@ class RabbitSettings:
             routing_key=RoutingKeyTemplate(values.get("routing_key") or "{event_type}"),
             declare=bool(values.get("declare")),
             exchange_type=values.get("exchange_type") or "topic",
-            unroutable=values.get("unroutable") or "permanent",
+            unroutable=values.get("unroutable") or "wait",
             confirm_timeout=confirm,
             max_message_size=int(values.get("amqp_max_message_size") or RABBITMQ_MAX_MESSAGE_SIZE),
         )

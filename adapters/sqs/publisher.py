@@ -59,6 +59,9 @@ class SqsPublisher(AwsPublisher["SQSClient", "SendMessageBatchRequestEntryTypeDe
         answer = client.send_message_batch(QueueUrl=self.settings.queue_url, Entries=entries)
         return BatchAnswer([ok["Id"] for ok in answer.get("Successful", [])], answer.get("Failed", []))
 
+    def look(self, client: SQSClient) -> None:
+        client.get_queue_attributes(QueueUrl=self.settings.queue_url, AttributeNames=["QueueArn"])
+
     async def probe(self) -> None:
         """Read FifoQueue and MaximumMessageSize when allowed; a failure here is never fatal
         except for rejected credentials."""
@@ -76,7 +79,9 @@ class SqsPublisher(AwsPublisher["SQSClient", "SendMessageBatchRequestEntryTypeDe
                 # Send-only roles commonly lack sqs:GetQueueAttributes; sending may still work.
                 log.info("cannot read the attributes of SQS queue %s (%s); using defaults", self.queue, fault.code)
             elif fault.kind == "outage":
-                self.health.refused(fault.text(), key=fault.code)
+                # relay start's destination check says it (relay.contract.ChecksDestinations),
+                # and the first publish refused logs the outage.
+                log.debug("%s unavailable at start: %s", self.destination, fault.text())
             else:
                 log.warning("cannot read the attributes of SQS queue %s yet: %s", self.queue, fault.text())
             return
