@@ -36,8 +36,8 @@ class OutageLog:
             self._since = time.monotonic()
         self._key, self.reason = key, reason
         self._log.error(
-            "%s is unavailable (%s); messages stay pending without spending attempts,"
-            " and workers try again every few seconds until it is fixed",
+            "%s is unavailable (%s); its messages wait without spending attempts"
+            " and are tried again every few seconds until it is fixed",
             self.destination,
             reason,
         )

@@ -235,9 +235,40 @@ async def test_a_dry_run_publishes_nothing_and_changes_nothing(
     assert proc.returncode == 0, proc.stderr
     assert f"would replay 20 messages, ids {ids[10]} to {ids[29]}, 4 aggregates" in proc.stdout
     assert "dry run: nothing was published" in proc.stdout
+    assert f"destination: queue '{queue}'" in proc.stdout and " exists" in proc.stdout, proc.stdout
     await asyncio.sleep(0.3)
     assert await rabbit.count(queue) == 0
     assert db.rows() == before
+
+
+async def test_a_replay_to_a_destination_that_is_not_there_is_refused_before_anything_is_sent(
+    relay_dsn: str, names: OutboxNames, db: Db, rabbit: Rabbit, make_queue: Any, moto_endpoint: str
+) -> None:
+    """The issue's finding 10: `relay replay --to <mistyped queue>` waited for ever, and its
+    dry run did not look. Both are told now: exit 2, nothing sent, the queue named."""
+    ids = db.insert([("a", "OrderPlaced", {"i": 1}), ("b", "OrderPlaced", {"i": 2})])
+    db.conn.execute(f"UPDATE {names.schema}.{names.table} SET status = 'done', done_at = now(), attempts = 1")
+    typo = f"{rabbit.name}-no-such-queue"
+    base = ("replay", "--dsn", relay_dsn, "--schema", names.schema, "--from-id", str(ids[0]))
+    amqp = ("--broker", "rabbitmq", "--to", "", "--routing-key", typo)
+    env = relay_env(RELAY_AMQP_URL=rabbit.amqp.url)
+    dry = run_relay(*base, *amqp, "--dry-run", env=env)
+    assert dry.returncode == 2, dry.stdout + dry.stderr
+    assert f"destination: queue '{typo}'" in dry.stdout and "missing" in dry.stdout, dry.stdout
+    assert "a replay now would wait for the destinations that are not there" in dry.stdout
+    for proc, needle in (
+        (run_relay(*base, *amqp, env=env), f"queue '{typo}'"),
+        (run_relay(*base, *sqs_to_missing(make_queue, moto_endpoint)), "no-such-queue"),
+    ):
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]  # after the adapter's INFO line that it connected
+        assert last.startswith("relay: cannot replay to") and needle in last, proc.stderr
+        assert "nothing was published" in last and "replay 2" not in proc.stderr, proc.stderr
+
+
+def sqs_to_missing(make_queue: Any, moto_endpoint: str) -> tuple[str, ...]:
+    missing_url = make_queue().rsplit("/", 1)[0] + "/no-such-queue"
+    return ("--broker", "sqs", "--endpoint-url", moto_endpoint, "--region", "us-east-1", "--to", missing_url)
 
 
 # Long (about 24 s): make test-all runs it; make test keeps the id-range replay beside a live relay.

@@ -16,7 +16,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
@@ -36,7 +36,7 @@ from relay.config import (
     require_dsn,
     session_limits,
 )
-from relay.contract import BROKERS, PublishLimits
+from relay.contract import BROKERS, DestinationCheck, PublishLimits, check_destinations
 from relay.db import check_schema, configure_session, connect
 from relay.dsn import mask
 from relay.durations import format_duration, parse_moment
@@ -90,6 +90,7 @@ LOG_EVERY = 10_000
 MAX_RATE = 1_000_000.0
 _RATE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,6})?")  # ASCII digits, as every number the relay reads
 EXIT_INTERRUPTED = 130
+EXIT_BAD_INPUT = 2  # a dry run that found a destination missing
 
 
 @click.command("replay")
@@ -227,15 +228,31 @@ def replay_cmd(
                 )
             if dry_run:
                 _print_dry_run(summary, where, run_id)
-                return 0
-            click.echo(f"replay {run_id}: {summary_line(summary)}, to {where}", err=True)
-            if summary.left_out.total:
-                click.echo(f"replay {run_id}: {left_out_line(summary.left_out)}", err=True)
-            stop = asyncio.Event()
-            _on_interrupt(stop)
-            progress = _Progress(sys.stderr, summary.count)
+                await publisher.start()
+                try:
+                    checks = await check_destinations(publisher)
+                finally:
+                    await publisher.close()
+                for line in _check_lines(checks):
+                    click.echo(line)
+                return EXIT_BAD_INPUT if _absent(checks) else 0
             await publisher.start()
             try:
+                # A destination that is not there would make the replay wait for it for
+                # ever (an outage spends nothing): a mistyped --to is refused before any send.
+                absent = _absent(await check_destinations(publisher))
+                if absent:
+                    more = f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""
+                    raise ConfigError(
+                        f"cannot replay to {absent[0].describe()}{more}; nothing was published"
+                        " (create it, or correct --to, the routes or the routing key)"
+                    )
+                click.echo(f"replay {run_id}: {summary_line(summary)}, to {where}", err=True)
+                if summary.left_out.total:
+                    click.echo(f"replay {run_id}: {left_out_line(summary.left_out)}", err=True)
+                stop = asyncio.Event()
+                _on_interrupt(stop)
+                progress = _Progress(sys.stderr, summary.count)
                 replayer = Replayer(
                     plan, publisher, run_id, limits, progress=progress, tracing=tracing, skip_failed=skip_failed
                 )
@@ -298,6 +315,20 @@ def _print_dry_run(summary: PlanSummary, where: str, run_id: str) -> None:
         click.echo(left_out_line(summary.left_out))
     click.echo(f"to {where}, with header replay={run_id}")
     click.echo("dry run: nothing was published")
+
+
+def _absent(checks: Sequence[DestinationCheck] | None) -> list[DestinationCheck]:
+    return [c for c in checks or () if c.known_absent]
+
+
+def _check_lines(checks: Sequence[DestinationCheck] | None) -> list[str]:
+    """What the dry run found of the destinations, a line each."""
+    if checks is None:
+        return ["destination: not checked (this broker has no destination to look at)"]
+    lines = [f"destination: {c.describe()}" for c in checks]
+    if _absent(checks):
+        lines.append("a replay now would wait for the destinations that are not there: create them first")
+    return lines
 
 
 def left_out_line(left: LeftOut) -> str:
