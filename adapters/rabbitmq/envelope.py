@@ -89,7 +89,7 @@ def build(
             content_type="application/json",
             delivery_mode=PERSISTENT,
             headers=headers_for(m),
-            message_id=str(m.id),
+            message_id=m.event_id or str(m.id),
             message_type=m.event_type,
             # Publish time: the row's created_at is not part of the claimed message.
             timestamp=timestamp or datetime.now(UTC),
