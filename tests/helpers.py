@@ -118,6 +118,8 @@ def outbox_message(
     ordered: bool = False,
     aggregate_seq: int | None = None,
     headers: dict[str, str] | None = None,
+    event_id: str | None = None,
+    aggregate_epoch: str | None = None,
 ) -> OutboxMessage:
     """An outbox message as a claim gives it to an adapter: the payload ``{"n": id}`` by default,
     attempt 2 and lease version 7 (so a test sees them carried, not defaulted)."""
@@ -133,4 +135,6 @@ def outbox_message(
         ordered=ordered,
         aggregate_seq=aggregate_seq,
         headers=headers,
+        event_id=event_id,
+        aggregate_epoch=aggregate_epoch,
     )

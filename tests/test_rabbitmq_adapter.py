@@ -89,7 +89,7 @@ async def test_ordered_messages_carry_their_aggregate_seq_as_an_integer_header(r
     ordered = outbox_message(ordered=True, aggregate_seq=41)
     unordered = outbox_message(ordered=False)
     assert await publisher.publish([ordered, unordered]) == [None, None]
-    got = {int(m.message_id or 0): m.headers for m in await rabbit.drain(queue, 2)}
+    got = {int(m.headers["outbox_id"]): m.headers for m in await rabbit.drain(queue, 2)}
     assert got[ordered.id]["aggregate_seq"] == 41 and isinstance(got[ordered.id]["aggregate_seq"], int)
     assert "aggregate_seq" not in got[unordered.id]
 
@@ -446,7 +446,7 @@ async def test_message_over_the_broker_size_limit_is_permanent_and_its_neighbour
     again = await publisher.publish([*retry, big])
     assert again[:-1] == [None] * len(retry)
     assert isinstance(again[-1], PermanentError) and "not sent" in str(again[-1])
-    arrived = {int(m.message_id or 0) for m in await rabbit.drain(queue, 6)}
+    arrived = {int(m.headers["outbox_id"]) for m in await rabbit.drain(queue, 6)}
     assert arrived == {m.id for m in small}
 
 
@@ -536,12 +536,12 @@ async def test_an_ordered_message_waits_for_the_confirm_of_the_one_before_it(rab
     outcomes = await publisher.publish([first, second, other_aggregate, unordered])
     assert kinds(outcomes) == ["PermanentError", "RetryableError", "ok", "ok"]
     assert "not sent: an earlier ordered message of aggregate 'A'" in str(outcomes[1])
-    arrived = {int(m.message_id or 0) for m in await rabbit.drain(queue, 2)}
+    arrived = {int(m.headers["outbox_id"]) for m in await rabbit.drain(queue, 2)}
     assert arrived == {other_aggregate.id, unordered.id}
 
     chain = [outbox_message(aggregate_id="C", event_type="OrderPlaced", ordered=True) for _ in range(5)]
     assert await publisher.publish(chain) == [None] * 5
-    assert [int(m.message_id or 0) for m in await rabbit.drain(queue, 5)] == [m.id for m in chain]
+    assert [int(m.headers["outbox_id"]) for m in await rabbit.drain(queue, 5)] == [m.id for m in chain]
 
 
 # -- start -------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ def as_message(row: dict[str, Any]) -> OutboxMessage:
         attempt=1,
         lease_version=1,
         ordered=ORDERING.is_ordered(row["event_type"]),
+        event_id=str(row["event_id"]),  # what the relay sends for this row
     )
 
 

@@ -32,7 +32,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from adapters.aws.entries import MAX_ATTRIBUTES
+from adapters.aws.entries import LEFT_OUT, MAX_ATTRIBUTES
 from adapters.aws.settings import warn_if_slow
 from adapters.sns.settings import OPTIONS, SnsSettings
 from relay.contract import PublishLimits
@@ -45,7 +45,9 @@ __all__ = ["MAX_ENVELOPE_FIELDS", "OPTIONS", "SnsSettings", "create"]
 log = logging.getLogger("adapters.sns")
 
 # Message attributes a message may carry (relay.tracing leaves out a traceparent past it).
-MAX_ENVELOPE_FIELDS = MAX_ATTRIBUTES
+# Fields of OutboxMessage.envelope() a message can carry: the attributes AWS takes, and
+# the envelope's fields these adapters leave out (attempt, lease_version) on top.
+MAX_ENVELOPE_FIELDS = MAX_ATTRIBUTES + len(LEFT_OUT)
 
 
 def create(values: Mapping[str, Any], limits: PublishLimits) -> SnsPublisher:

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from adapters.aws.entries import MAX_ATTRIBUTES
+from adapters.aws.entries import LEFT_OUT, MAX_ATTRIBUTES
 from adapters.aws.settings import warn_if_slow
 from adapters.sqs.settings import OPTIONS, SqsSettings
 from relay.contract import PublishLimits
@@ -42,7 +42,9 @@ __all__ = ["MAX_ENVELOPE_FIELDS", "OPTIONS", "SqsSettings", "create"]
 log = logging.getLogger("adapters.sqs")
 
 # Message attributes a message may carry (relay.tracing leaves out a traceparent past it).
-MAX_ENVELOPE_FIELDS = MAX_ATTRIBUTES
+# Fields of OutboxMessage.envelope() a message can carry: the attributes AWS takes, and
+# the envelope's fields these adapters leave out (attempt, lease_version) on top.
+MAX_ENVELOPE_FIELDS = MAX_ATTRIBUTES + len(LEFT_OUT)
 
 
 def create(values: Mapping[str, Any], limits: PublishLimits) -> SqsPublisher:
