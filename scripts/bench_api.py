@@ -31,16 +31,16 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from relay import Event, Inbox, Outbox, Received  # noqa: E402
-from relay.sqlfiles import schema_sql  # noqa: E402
-from relay.sqlnames import OutboxNames  # noqa: E402
+from relay import Event, Inbox, Outbox, Received
+from relay.sqlfiles import schema_sql
+from relay.sqlnames import OutboxNames
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bench_api"
 PAYLOAD = {"order_id": 42, "amount": "19.90", "currency": "EUR", "note": "x" * 32}
-RAW = sql.SQL(
-    "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) VALUES (%s, %s, %s, %s)"
-).format(sql.Identifier(SCHEMA, "outbox"))
+RAW = sql.SQL("INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) VALUES (%s, %s, %s, %s)").format(
+    sql.Identifier(SCHEMA, "outbox")
+)
 
 
 def setup(dsn: str) -> None:

@@ -59,7 +59,9 @@ async def test_event_ids_come_from_the_producer_or_the_database_and_stay(
     assert second.dedup_id == str(api_id)
 
 
-async def test_epochs_start_where_numbering_starts_again(store: OutboxStore, db: Db, pg_dsn: str, names: OutboxNames) -> None:
+async def test_epochs_start_where_numbering_starts_again(
+    store: OutboxStore, db: Db, pg_dsn: str, names: OutboxNames
+) -> None:
     db.insert([("a", "E", {}), ("a", "E", {}), ("b", "E", {})])
     sent = await deliver_all(store)
     epochs = {(m.aggregate_id, m.aggregate_seq): m.aggregate_epoch for m in sent}

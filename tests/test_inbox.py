@@ -34,7 +34,9 @@ def inbox_dsn(pg_dsn: str) -> Iterator[tuple[str, Inbox]]:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
-def event(aggregate: str, seq: int | None, epoch: str | None = "1.1.aaaaaaaa", event_id: uuid.UUID | None = None) -> Received:
+def event(
+    aggregate: str, seq: int | None, epoch: str | None = "1.1.aaaaaaaa", event_id: uuid.UUID | None = None
+) -> Received:
     return Received(
         event_id=event_id or uuid.uuid4(),
         aggregate_type="order",
@@ -151,7 +153,9 @@ async def test_concurrent_receivers_of_one_aggregate_apply_each_event_once_in_or
 
     await asyncio.gather(*(receiver() for _ in range(4)))
     with psycopg.connect(dsn) as conn:
-        applied = [r[0] for r in conn.execute(sql.SQL("SELECT seq FROM {}.effects ORDER BY at").format(sql.Identifier(schema)))]
+        applied = [
+            r[0] for r in conn.execute(sql.SQL("SELECT seq FROM {}.effects ORDER BY at").format(sql.Identifier(schema)))
+        ]
     assert applied == list(range(1, 41))
 
 

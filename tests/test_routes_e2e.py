@@ -220,7 +220,9 @@ async def test_rabbitmq_routes_each_event_family_to_its_exchange_with_its_routin
     assert {m.routing_key for m in to_customers} == {"order.CustomerRenamed"}  # the route's own key
     assert sorted(int(m.headers["outbox_id"]) for m in to_orders) == order_ids  # the default exchange's
     assert {m.routing_key for m in to_orders} == {"OrderPlaced"}
-    assert_commit_order(logs, [Arrival(int(m.headers["outbox_id"]), str(m.headers["aggregate_id"])) for m in to_customers])
+    assert_commit_order(
+        logs, [Arrival(int(m.headers["outbox_id"]), str(m.headers["aggregate_id"])) for m in to_customers]
+    )
 
 
 def test_one_relay_routes_to_two_queues_and_an_sns_topic(

@@ -59,7 +59,9 @@ def test_psycopg_sync_commits_and_rolls_back_with_the_caller(db: Db, names: Outb
     }
 
 
-def test_psycopg_autocommit_is_refused_and_a_transaction_block_is_not(db: Db, names: OutboxNames, producer_dsn: str) -> None:
+def test_psycopg_autocommit_is_refused_and_a_transaction_block_is_not(
+    db: Db, names: OutboxNames, producer_dsn: str
+) -> None:
     outbox = outbox_for(names)
     with psycopg.connect(producer_dsn, autocommit=True) as conn:
         with pytest.raises(NotInTransaction, match="autocommit with no transaction open"):
@@ -164,9 +166,14 @@ def test_django_inside_atomic_only(db: Db, names: OutboxNames, django_connection
     outbox = outbox_for(names)
     with pytest.raises(NotInTransaction):
         outbox.add(django_connection, Event("order", "D", "OrderPlaced", {}))
-    with pytest.raises(RuntimeError, match="rolled back"), transaction.atomic(using=django_connection.alias):
-        outbox.add(django_connection, Event("order", "D", "OrderPlaced", {"n": 0}))
-        raise RuntimeError("rolled back")
+
+    def rolled_back() -> None:
+        with transaction.atomic(using=django_connection.alias):
+            outbox.add(django_connection, Event("order", "D", "OrderPlaced", {"n": 0}))
+            raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError, match="rolled back"):
+        rolled_back()
     with transaction.atomic(using=django_connection.alias):
         outbox.add(django_connection, Event("order", "D", "OrderPlaced", {"n": 1}))
     assert [r["payload"] for r in rows(db)] == [{"n": 1}]
