@@ -6,8 +6,11 @@ The public API, and the only names with a promise (everything else is private):
   :func:`to_json`;
 * receiving them exactly once: :class:`Inbox`, :class:`Received`, :class:`OutOfOrder`
   and the ``received_from_*`` helpers;
+* running the relay in the application's own event loop: :class:`Relay`;
 * the failure classes a publisher sorts outcomes into, and :class:`OutboxMessage`.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from relay._transactions import NotInTransaction
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
@@ -22,6 +25,20 @@ from relay.inbox import (
 from relay.message import OutboxMessage
 from relay.writer import Event, Outbox, to_json
 
+if TYPE_CHECKING:
+    from relay.embed import Relay
+
+
+def __getattr__(name: str) -> Any:
+    # Relay wires the core to the broker adapters: imported when asked for, so that a
+    # producer that only writes events never loads them.
+    if name == "Relay":
+        from relay.embed import Relay
+
+        return Relay
+    raise AttributeError(f"module 'relay' has no attribute {name!r}")
+
+
 __all__ = [
     "BrokerUnavailable",
     "ConfigError",
@@ -34,6 +51,7 @@ __all__ = [
     "OutboxMessage",
     "PermanentError",
     "Received",
+    "Relay",
     "RetryableError",
     "received_from_aio_pika",
     "received_from_sns",
