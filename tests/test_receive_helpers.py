@@ -18,10 +18,10 @@ from relay import Event, Inbox, Outbox, Received, Relay, received_from_aio_pika,
 from relay.errors import ConfigError
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
-from tests.relay_process import wait_until_async
 from tests.rabbitmq_broker import Rabbit
+from tests.relay_process import wait_until_async
 from tests.sns_server import REGION, create_topic, unique_topic_name
-from tests.sqs_server import ACCOUNT, create_queue, receive_all, unique_queue_name
+from tests.sqs_server import ACCOUNT, create_queue, unique_queue_name
 
 
 def write(names: OutboxNames, producer_dsn: str) -> list[Event]:
