@@ -28,6 +28,9 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import psycopg
+from psycopg.pq import TransactionStatus
+
 from relay.errors import ConfigError
 
 
@@ -56,8 +59,6 @@ def _check_driver(driver: Any, what: str) -> None:
     """Refuse a DB-API connection of a known driver that is outside any transaction."""
     info = getattr(driver, "info", None)
     if info is not None and hasattr(info, "transaction_status"):  # psycopg 3
-        from psycopg.pq import TransactionStatus
-
         if driver.autocommit and info.transaction_status == TransactionStatus.IDLE:
             raise _refuse(what)
         return
@@ -70,6 +71,12 @@ def _check_driver(driver: Any, what: str) -> None:
             raise _refuse(what)
         return
     raise ConfigError(f"cannot tell whether {what} is inside a transaction (driver {type(driver).__name__})")
+
+
+@functools.lru_cache(maxsize=64)
+def _encoded(statement: str) -> bytes:
+    """One of this library's statements as psycopg takes a query that is not a literal."""
+    return statement.encode()
 
 
 @functools.lru_cache(maxsize=64)
@@ -98,17 +105,14 @@ def sync_runner(conn: Any) -> SyncRun:
     that ``conn`` is inside a transaction."""
     kind = _kind(conn)
     if kind == "psycopg":
-        import psycopg
-
         connection = conn.connection if isinstance(conn, psycopg.Cursor) else conn
         if not isinstance(connection, psycopg.Connection):
             raise TypeError(f"{type(conn).__name__} is asynchronous: use the *_async method")
         _check_driver(connection, "the psycopg connection")
 
         def run_psycopg(statement: str, params: Params) -> Rows:
-            with connection.cursor() as cur:
-                cur.execute(statement.encode(), params)  # bytes: one of our constants, sent as it is
-                return cur.fetchall() if cur.description else []
+            cur = connection.execute(_encoded(statement), params)
+            return cur.fetchall() if cur.description else []
 
         return run_psycopg
     if kind == "sqlalchemy":
@@ -146,17 +150,14 @@ def async_runner(conn: Any) -> AsyncRun:
     AsyncConnection."""
     kind = _kind(conn)
     if kind == "psycopg":
-        import psycopg
-
         connection = conn.connection if isinstance(conn, psycopg.AsyncCursor) else conn
         if not isinstance(connection, psycopg.AsyncConnection):
             raise TypeError(f"{type(conn).__name__} is synchronous: use the method without _async")
         _check_driver(connection, "the psycopg connection")
 
         async def run_psycopg(statement: str, params: Params) -> Rows:
-            async with connection.cursor() as cur:
-                await cur.execute(statement.encode(), params)
-                return await cur.fetchall() if cur.description else []
+            cur = await connection.execute(_encoded(statement), params)
+            return await cur.fetchall() if cur.description else []
 
         return run_psycopg
     if kind == "sqlalchemy":

@@ -87,13 +87,17 @@ def _default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_ENCODER = json.JSONEncoder(default=_default, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def to_json(payload: Any) -> str:
     """The payload as JSON text: dicts, lists, strings, numbers, booleans and None as
     themselves; dataclasses as objects of their fields; pydantic models by
     ``model_dump(mode="json")``; datetime, date and time in ISO 8601; UUID and Decimal as
     strings; enums by their value. Anything else raises TypeError, as do NaN and infinity
     (PostgreSQL's jsonb refuses them)."""
-    return json.dumps(payload, default=_default, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return _ENCODER.encode(payload)
 
 
 def _trace_headers() -> dict[str, str]:
@@ -158,35 +162,32 @@ class Outbox:
         self._insert = sql.SQL(_INSERT).format(outbox=table_id).as_string(None)
         self._insert_one = sql.SQL(_INSERT_ONE).format(outbox=table_id).as_string(None)
 
-    def _params(self, events: Iterable[Event]) -> tuple[dict[str, list[Any]], list[uuid.UUID]]:
-        trace = self._trace()
-        columns: dict[str, list[Any]] = {
-            k: [] for k in ("aggregate_types", "aggregate_ids", "event_types", "payloads", "headers", "event_ids")
+    def _row(self, event: Event, trace: Mapping[str, str]) -> dict[str, Any]:
+        """One event as the single-row statement's parameters, checked."""
+        if not isinstance(event, Event):
+            raise TypeError(f"expected relay.Event, not {type(event).__name__}")
+        headers = {**trace, **event.headers} if event.headers else trace
+        if headers:
+            producer_headers(dict(headers))  # ValueError naming the header the relay would refuse
+        return {
+            "aggregate_type": event.aggregate_type,
+            "aggregate_id": event.aggregate_id,
+            "event_type": event.event_type,
+            "payload": to_json(event.payload),
+            "headers": json.dumps(headers, ensure_ascii=False) if headers else None,
+            "event_id": str(event.event_id),
         }
-        ids: list[uuid.UUID] = []
-        for event in events:
-            if not isinstance(event, Event):
-                raise TypeError(f"expected relay.Event, not {type(event).__name__}")
-            headers = {**trace, **event.headers} if event.headers else trace
-            if headers:
-                producer_headers(dict(headers))  # ValueError naming the header the relay would refuse
-            columns["aggregate_types"].append(event.aggregate_type)
-            columns["aggregate_ids"].append(event.aggregate_id)
-            columns["event_types"].append(event.event_type)
-            columns["payloads"].append(to_json(event.payload))
-            columns["headers"].append(json.dumps(headers, ensure_ascii=False) if headers else None)
-            columns["event_ids"].append(str(event.event_id))
-            ids.append(event.event_id)
-        return columns, ids
 
     def _statement(self, events: Iterable[Event]) -> tuple[str, dict[str, Any], list[uuid.UUID]]:
         """The INSERT for ``events``: VALUES for one (the cheapest for the common case),
         unnest() of arrays for several (one statement whatever their number)."""
-        columns, ids = self._params(events)
-        if len(ids) == 1:
-            one = {_ONE[name]: values[0] for name, values in columns.items()}
-            return self._insert_one, one, ids
-        return self._insert, dict(columns), ids
+        trace = self._trace()
+        listed = list(events)
+        rows = [self._row(event, trace) for event in listed]
+        ids = [event.event_id for event in listed]
+        if len(rows) == 1:
+            return self._insert_one, rows[0], ids
+        return self._insert, {many: [row[one] for row in rows] for many, one in _ONE.items()}, ids
 
     def _trace(self) -> dict[str, str]:
         return _trace_headers() if self.trace_context else {}
