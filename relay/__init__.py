@@ -3,7 +3,15 @@
 The failure classes a publisher sorts outcomes into are importable from here.
 """
 
-from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
+from relay.errors import BrokerUnavailable, ConfigError, Defer, NoRoomForReplayMarker, PermanentError, RetryableError
 from relay.message import OutboxMessage
 
-__all__ = ["BrokerUnavailable", "ConfigError", "Defer", "OutboxMessage", "PermanentError", "RetryableError"]
+__all__ = [
+    "BrokerUnavailable",
+    "ConfigError",
+    "Defer",
+    "NoRoomForReplayMarker",
+    "OutboxMessage",
+    "PermanentError",
+    "RetryableError",
+]
