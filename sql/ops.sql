@@ -144,11 +144,11 @@ SELECT per.event_type, per.status, per.n, per.oldest, per.expired, (SELECT count
   JOIN top ON top.event_type = per.event_type
  ORDER BY per.event_type, per.status;
 
--- console_payload_part --
--- Part of one message's payload as JSON text, %(size)s characters from %(start)s (1-based): the console streams a payload in parts, never holding it whole.
-SELECT substr(o.payload::text, %(start)s::integer, %(size)s::integer) AS part
-  FROM {outbox} AS o
- WHERE o.id = %(id)s;
+-- console_payload_parts --
+-- One message's payload as JSON text in parts of %(size)s characters, in order, for a server-side cursor that the console reads one part at a time: the text is rendered once (the subquery), never held whole by the console. No ORDER BY, which would make the server build every part before the first is sent: the nested loop hands them out in generate_series' order.
+SELECT substr(p.t, g * %(size)s::integer + 1, %(size)s::integer) AS part
+  FROM (SELECT o.payload::text AS t FROM {outbox} AS o WHERE o.id = %(id)s) AS p,
+       generate_series(0, greatest(length(p.t) - 1, 0) / %(size)s::integer) AS g;
 
 -- explain_head --
 -- An aggregate's heads row (its counter too) and the message it names, with the database clock.
@@ -224,11 +224,11 @@ SELECT coalesce(p.dead_group, 0) AS dead_group, p.n, p.first_id, p.last_id, p.gr
        left(s.last_error, 2000) AS sample_error, length(s.last_error) AS sample_length,
        ARRAY(SELECT DISTINCT t.event_type
                FROM (SELECT b.event_type FROM {outbox} AS b
-                      WHERE b.status = 'dead' AND b.dead_group IS NOT DISTINCT FROM p.dead_group
+                      WHERE b.status = 'dead' AND b.dead_group = p.dead_group
                       ORDER BY b.id LIMIT 100) AS t
               ORDER BY 1) AS event_types,
        (SELECT count(*) FROM {outbox} AS b
-         WHERE b.status = 'dead' AND b.dead_group IS NOT DISTINCT FROM p.dead_group AND b.ordered
+         WHERE b.status = 'dead' AND b.dead_group = p.dead_group AND b.ordered
            AND EXISTS (SELECT 1 FROM {q_heads} AS h WHERE h.aggregate_id = b.aggregate_id AND h.head_id = b.id)) AS blocking,
        now() AS now
   FROM page AS p

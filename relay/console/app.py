@@ -160,13 +160,15 @@ class Console:
         """A message's whole payload, streamed in parts (the page shows its first KiB)."""
         outbox_id = parse_outbox_id(request.match_info["id"], "message id")
         async with self.pool.connection() as conn:
-            parts = await pages.payload_parts(conn, self.config.names, outbox_id)
-            if parts is None:
+            parts = pages.payload_parts(conn, self.config.names, outbox_id)
+            first = await anext(parts, None)
+            if first is None:
                 return self.render(
                     request, "error.html", status=404, title="Not found", text=f"no message #{outbox_id}"
                 )
             response = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8"})
             await response.prepare(request)
+            await response.write(first.encode())
             async for part in parts:
                 await response.write(part.encode())
             await response.write_eof()

@@ -270,19 +270,6 @@ async def act(
 PAYLOAD_PART = 1 << 20
 
 
-async def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int) -> AsyncIterator[str] | None:
-    """The whole payload of ``outbox_id`` as JSON text, in parts; None: no such message."""
-    first = await queries.payload_part(conn, names, outbox_id, 1, PAYLOAD_PART)
-    if first is None:
-        return None
-
-    async def parts() -> AsyncIterator[str]:
-        part, start = first, 1
-        while part:
-            yield part
-            if len(part) < PAYLOAD_PART:
-                return
-            start += PAYLOAD_PART
-            part = await queries.payload_part(conn, names, outbox_id, start, PAYLOAD_PART) or ""
-
-    return parts()
+def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int) -> AsyncIterator[str]:
+    """The whole payload of ``outbox_id`` as JSON text, in parts (none: no such message)."""
+    return queries.payload_parts(conn, names, outbox_id, PAYLOAD_PART)

@@ -9,7 +9,7 @@ Nothing here decides anything: no verdicts, no refusals, no text for people.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
@@ -503,10 +503,16 @@ async def event_types_top(conn: Conn, names: OutboxNames, limit: int) -> tuple[l
     return [EventTypeRow.from_row(r) for r in rows], int(rows[0]["types"]) if rows else 0
 
 
-async def payload_part(conn: Conn, names: OutboxNames, outbox_id: int, start: int, size: int) -> str | None:
-    """``size`` characters of a payload's JSON text from ``start`` (1-based); None: no such row."""
-    rows = await _all(conn, names, "console_payload_part", {"id": outbox_id, "start": start, "size": size})
-    return None if not rows else str(rows[0]["part"] or "")
+async def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int, size: int) -> AsyncIterator[str]:
+    """A payload's JSON text in parts of ``size`` characters, read one part at a time
+    through a server-side cursor (inside a transaction of its own); nothing when there is
+    no such row."""
+    async with conn.transaction():
+        cur = conn.cursor(name=f"payload_{outbox_id}")
+        cur.itersize = 1
+        await cur.execute(ops_query(names, "console_payload_parts"), {"id": outbox_id, "size": size})
+        async for (part,) in cur:
+            yield part
 
 
 async def message_detail(conn: Conn, names: OutboxNames, outbox_id: int) -> MessageDetail | None:
