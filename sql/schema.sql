@@ -503,6 +503,11 @@ CREATE TRIGGER {n_group_dead_ins} BEFORE INSERT ON {outbox}
 
 -- Groups counted and paged from the index alone; a group's rows in id order.
 CREATE INDEX {n_dead_group_idx} ON {outbox} (dead_group, id) WHERE status = 'dead';
+-- The console's overview counts the dead messages of each event type it lists; relay
+-- status finds the dead rows that block an aggregate (only ordered ones can) without
+-- reading a million unordered dead rows.
+CREATE INDEX {n_dead_type_idx} ON {outbox} (event_type) WHERE status = 'dead';
+CREATE INDEX {n_dead_ordered_idx} ON {outbox} (aggregate_id) WHERE status = 'dead' AND ordered;
 
 -- ---- The migration ledger
 --

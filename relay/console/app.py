@@ -168,9 +168,9 @@ class Console:
                 )
             response = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8"})
             await response.prepare(request)
-            await response.write(first.encode())
+            await response.write(first)
             async for part in parts:
-                await response.write(part.encode())
+                await response.write(part)
             await response.write_eof()
             return response
 

@@ -266,10 +266,10 @@ async def act(
     return await skip(conn, names, ids, by=by, reason=req.reason, dry_run=dry_run, expected_versions=req.versions)
 
 
-# A payload is streamed in parts of this many characters: the console never holds more.
+# A payload is streamed in parts of this many bytes: the console never holds more.
 PAYLOAD_PART = 1 << 20
 
 
-def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int) -> AsyncIterator[str]:
-    """The whole payload of ``outbox_id`` as JSON text, in parts (none: no such message)."""
+def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int) -> AsyncIterator[bytes]:
+    """The whole payload of ``outbox_id`` as JSON text (UTF-8), in parts (none: no such message)."""
     return queries.payload_parts(conn, names, outbox_id, PAYLOAD_PART)

@@ -503,8 +503,8 @@ async def event_types_top(conn: Conn, names: OutboxNames, limit: int) -> tuple[l
     return [EventTypeRow.from_row(r) for r in rows], int(rows[0]["types"]) if rows else 0
 
 
-async def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int, size: int) -> AsyncIterator[str]:
-    """A payload's JSON text in parts of ``size`` characters, read one part at a time
+async def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int, size: int) -> AsyncIterator[bytes]:
+    """A payload's JSON text, UTF-8, in parts of ``size`` bytes, read one part at a time
     through a server-side cursor (inside a transaction of its own); nothing when there is
     no such row."""
     async with conn.transaction():
@@ -512,7 +512,7 @@ async def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int, size: in
         cur.itersize = 1
         await cur.execute(ops_query(names, "console_payload_parts"), {"id": outbox_id, "size": size})
         async for (part,) in cur:
-            yield part
+            yield bytes(part)
 
 
 async def message_detail(conn: Conn, names: OutboxNames, outbox_id: int) -> MessageDetail | None:
