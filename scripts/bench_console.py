@@ -53,6 +53,8 @@ def rss_kib(pid: int, field: str) -> int:
 
 def load(admin_dsn: str, relay: str, rows: int) -> str:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        # What an interrupted run left connected (its console, its own session) goes first.
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (DATABASE,))
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(DATABASE)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
     dsn = make_conninfo(admin_dsn, dbname=DATABASE)
