@@ -153,9 +153,11 @@ SELECT top.event_type, 'dead', d.n, NULL, 0, (SELECT count(*) FROM types)
 
 -- console_payload_parts --
 -- One message's payload as JSON text, UTF-8, in parts of %(size)s bytes, in order, for a server-side cursor that the console reads one part at a time: the text is rendered once (the subquery) and cut as bytes (substr on text counts characters from the start every time: 26 MB took 8.6 s), never held whole by the console. No ORDER BY, which would make the server build every part before the first is sent: the nested loop hands them out in generate_series' order.
+WITH p AS MATERIALIZED (  -- rendered once, not once per part
+    SELECT convert_to(o.payload::text, 'UTF8') AS b FROM {outbox} AS o WHERE o.id = %(id)s
+)
 SELECT substring(p.b FROM g * %(size)s::integer + 1 FOR %(size)s::integer) AS part
-  FROM (SELECT convert_to(o.payload::text, 'UTF8') AS b FROM {outbox} AS o WHERE o.id = %(id)s) AS p,
-       generate_series(0, greatest(length(p.b) - 1, 0) / %(size)s::integer) AS g;
+  FROM p, generate_series(0, greatest(length(p.b) - 1, 0) / %(size)s::integer) AS g;
 
 -- explain_head --
 -- An aggregate's heads row (its counter too) and the message it names, with the database clock.
@@ -502,7 +504,7 @@ SELECT now() AS now, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
        o.resolution, o.resolved_by, o.resolved_at, o.resolved_note,
        h.head_id, head.aggregate_seq AS head_seq, h.last_seq
   FROM {outbox} AS o
-  CROSS JOIN LATERAL (SELECT o.payload::text AS text) AS p
+  CROSS JOIN LATERAL (SELECT o.payload::text AS text OFFSET 0) AS p  -- OFFSET 0: rendered once, not per use
   LEFT JOIN {q_heads} AS h ON h.aggregate_id = o.aggregate_id
   LEFT JOIN {outbox} AS head ON head.id = h.head_id
  WHERE o.id = %(id)s;
