@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 RUN_DSN ?= postgresql://postgres@127.0.0.1:5432/test
 RUN_BROKER ?= log
 
-.PHONY: venv bytecode run test test-all test-faults lint format demo bench bench-rabbitmq bench-sqs soak console-screenshots clean
+.PHONY: venv bytecode run test test-all test-faults lint format demo bench bench-rabbitmq bench-sqs bench-console soak console-screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -102,6 +102,11 @@ bench-rabbitmq: venv
 
 bench-sqs: venv
 	$(BIN)/python scripts/bench_sqs.py
+
+# The console and `relay dead list --group` at a million dead rows, in a database of their
+# own (about 5 minutes; BENCH_CONSOLE_ARGS=--rows 100000 for a smoke run).
+bench-console: venv
+	$(BIN)/python scripts/bench_console.py $(BENCH_CONSOLE_ARGS)
 
 # Producers and relays (one SIGKILLed every 2 minutes, scheduled prune on) for SOAK_MINUTES at
 # SOAK_RATE rows/s on a PostgreSQL cluster of its own with autovacuum on: does anything grow?

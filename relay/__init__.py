@@ -13,7 +13,14 @@ The public API, and the only names with a promise (everything else is private):
 from typing import TYPE_CHECKING, Any
 
 from relay._transactions import NotInTransaction
-from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
+from relay.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    Defer,
+    NoRoomForReplayMarker,
+    PermanentError,
+    RetryableError,
+)
 from relay.inbox import (
     Inbox,
     OutOfOrder,
@@ -48,6 +55,7 @@ __all__ = [
     "NotInTransaction",
     "OutOfOrder",
     "Outbox",
+    "NoRoomForReplayMarker",
     "OutboxMessage",
     "PermanentError",
     "Received",

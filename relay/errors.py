@@ -18,11 +18,26 @@ class RetryableError(Exception):
     """
 
 
+class SharedFailure(RetryableError):
+    """A failure of what the whole batch shared (the broker closed the connection or the
+    channel mid-batch), which says nothing about which message caused it, if any did. The
+    worker publishes those messages again apart (relay.isolation) before it spends an
+    attempt of each: only the one that fails alone pays."""
+
+
 class PermanentError(Exception):
     """A failure no retry can fix (the message is too large, its content is refused).
 
     The message goes to 'dead' at once, for a human to look at.
     """
+
+
+class NoRoomForReplayMarker(PermanentError):
+    """The message fits its broker as it went out live, but not with the ``replay`` marker
+    a replay adds (SQS and SNS: an 11th message attribute, or the size with it). A replay
+    cannot send it: without the marker consumers and FIFO de-duplication would take it
+    for the live delivery. ``relay replay`` names it and prints the command that leaves it
+    out (``--exclude``), so its aggregate's other messages can still be replayed."""
 
 
 class Defer(Exception):

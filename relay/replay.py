@@ -43,6 +43,8 @@ from relay.errors import (
     ConfigError,
     Defer,
     DestinationUnavailable,
+    NoRoomForReplayMarker,
+    PermanentError,
     RetryableError,
     first_line,
     shown,
@@ -258,6 +260,10 @@ class ReplayReport:
     total: int
     published: int = 0
     failed: list[tuple[int, str]] = field(default_factory=list)  # (outbox id, why) not replayed
+    # Of those, the ids whose failure no later run can change as things are (the broker
+    # refuses the message itself), and those that fit live but not with the replay marker.
+    permanent: list[int] = field(default_factory=list)
+    no_room_for_marker: list[int] = field(default_factory=list)
     held_back: int = 0  # behind a failed message of their aggregate, not sent
     gone: int = 0  # pruned, or no longer finished, since the plan was taken
     interrupted: bool = False
@@ -528,6 +534,10 @@ class Replayer:
         retry_in = self._retry_in(item, outcome)
         if retry_in is None:
             self._buffered -= 1
+            if isinstance(outcome, PermanentError):
+                self.report.permanent.append(item.message.id)
+            if isinstance(outcome, NoRoomForReplayMarker):
+                self.report.no_room_for_marker.append(item.message.id)
             self._fail(item, _reason(item, outcome), in_lane=True)
         else:
             heapq.heappush(self._later, (time.monotonic() + retry_in, item))

@@ -22,6 +22,7 @@ from relay.contract import Publisher, ReportsUnroutable, WatchesDestinations
 from relay.db import TRANSIENT_DB_ERRORS, check_schema, connect, open_pool
 from relay.dbtext import SQL_ASCII, server_encoding
 from relay.errors import ConfigError, DatabaseUnavailable, first_line
+from relay.isolation import PublishTurns
 from relay.oversize import OversizeTurn
 from relay.readiness import Destinations, not_ready
 from relay.shared_settings import Given, SharedSettings, disagreements, read_settings
@@ -244,6 +245,7 @@ async def _run(
 
         publisher.watch_destinations(on_destination)
     oversize = OversizeTurn()  # one message over --batch-bytes in flight per process
+    turns = PublishTurns()  # a batch that failed as a whole is published apart, alone (relay.isolation)
     prefix = owner_prefix()
     owners = [f"{prefix}:{i}" for i in range(settings.workers)]
     events = [asyncio.Event() for _ in owners]
@@ -264,6 +266,7 @@ async def _run(
             oversize=oversize,
             presence=presence,
             tracing=tracing,
+            turns=turns,
         )
         for owner, event in zip(owners, events, strict=True)
     ]

@@ -20,7 +20,8 @@ from relay.breaker import CircuitBreaker
 from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher, publish_within
 from relay.db import TRANSIENT_DB_ERRORS
 from relay.decide import Policy, describe, failure_class, is_classified
-from relay.errors import BrokerUnavailable, DestinationUnavailable, first_line
+from relay.errors import BrokerUnavailable, DestinationUnavailable, SharedFailure, first_line
+from relay.isolation import PublishTurns
 from relay.message import Decision, Kind, OutboxMessage, log_fields
 from relay.oversize import OversizeTurn
 from relay.sleep import sleep_unless_stopped
@@ -100,6 +101,7 @@ class Finished:
 @dataclass
 class WorkerStats:
     claimed: int = 0
+    isolated: int = 0  # messages published apart after their batch failed as a whole
     published: int = 0
     retried: int = 0
     deferred: int = 0
@@ -163,6 +165,7 @@ class Worker:
         oversize: OversizeTurn | None = None,
         presence: Presence | None = None,
         tracing: Tracing | None = None,
+        turns: PublishTurns | None = None,
     ) -> None:
         """``presence``: the process's row that tells producers whether to wake it (only
         when the process LISTENs); without one the worker just polls between wake-ups.
@@ -178,6 +181,9 @@ class Worker:
         self.oversize = oversize or OversizeTurn()
         self.presence = presence
         self.tracing = tracing or NO_TRACING
+        # Shared by the workers of a process (relay.runner): a batch that failed as a whole
+        # is published apart while nothing else publishes (relay.isolation).
+        self.turns = turns or PublishTurns()
         self.stats = WorkerStats()
         self._ordered_first = True
         self._last_housekeeping = float("-inf")
@@ -433,11 +439,14 @@ class Worker:
         # The messages sent carry their spans' traceparent; decisions are about the rows.
         sent, spans = self.tracing.begin_publish(messages)
         try:
-            outcomes = await self._publish(sent, timeout)
+            async with self.turns.shared():
+                outcomes = await self._publish(sent, timeout)
         except BaseException as exc:  # cancelled (shutdown past its grace)
             spans.end([exc] * len(sent))
             raise
         spans.end(outcomes)
+        if len(sent) > 1 and any(isinstance(o, SharedFailure) for o in outcomes):
+            outcomes = await self._isolate(batch, sent, outcomes)
         # One paused destination of several (relay.routing) does not stop the claims:
         # only the broker refusing everything does.
         unavailable = [
@@ -458,6 +467,28 @@ class Worker:
                 self.metrics.failure(m.event_type, failure_class(o))
         _log_unclassified(outcomes)
         return decisions
+
+    async def _isolate(self, batch: Batch, sent: Sequence[OutboxMessage], outcomes: Sequence[Outcome]) -> list[Outcome]:
+        """Publish the messages a shared failure took down again, each alone, in order,
+        while nothing else of the process publishes: their own outcomes replace the
+        batch's. One with too little lease left keeps the batch's outcome."""
+        suspects = sum(1 for o in outcomes if isinstance(o, SharedFailure))
+        log.warning(
+            "a batch failed as a whole (%s); publishing its %d messages apart to find the cause",
+            first_line(next(o for o in outcomes if isinstance(o, SharedFailure))),
+            suspects,
+        )
+        found = list(outcomes)
+        async with self.turns.exclusive():
+            for i, (m, o) in enumerate(zip(sent, outcomes, strict=True)):
+                if not isinstance(o, SharedFailure):
+                    continue
+                timeout = self._deadline(batch)
+                if timeout is None:
+                    break
+                [found[i]] = await self._publish([m], timeout)
+        self.stats.isolated += suspects
+        return found
 
     def _report_reaped(self, reaped: Sequence[Reaped]) -> None:
         for row in reaped:

@@ -48,7 +48,8 @@ GRANT SELECT ON {q_migrations} TO {role};
 -- grant_relay_functions --
 -- Relays: the functions the claims, the heads trigger, relay status, relay explain, relay replay and the console call.
 GRANT EXECUTE ON FUNCTION {q_is_ordered}(text, text[], text[], text[], text[], boolean), {q_unfinished_ordered}(text),
-    {q_history}(text, text), {q_event_id}(uuid, bigint, xid8, timestamptz) TO {role};
+    {q_history}(text, text), {q_fingerprint}(text), {q_dead_group}(text),
+    {q_event_id}(uuid, bigint, xid8, timestamptz) TO {role};
 
 -- grant_relay_temporary --
 -- Relays: relay replay keeps its plan in a temporary table of its own session (sql/replay.sql).

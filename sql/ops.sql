@@ -37,7 +37,11 @@ WITH unordered AS (
       FROM {outbox}
      WHERE status = 'processing'
 ), dead AS (
-    SELECT count(*) AS n, min(created_at) AS oldest
+    -- Counted from an index of dead rows alone; the oldest is the lowest id's (ids follow
+    -- insertion), one heap read instead of one per dead row (a million took seconds).
+    SELECT count(*) AS n,
+           (SELECT o.created_at FROM {outbox} AS o
+             WHERE o.id = (SELECT min(d.id) FROM {outbox} AS d WHERE d.status = 'dead')) AS oldest
       FROM {outbox}
      WHERE status = 'dead'
 ), blocked AS (
@@ -49,7 +53,7 @@ WITH unordered AS (
      CROSS JOIN LATERAL (
             SELECT count(*) - 1 AS behind FROM {q_unfinished_ordered}(o.aggregate_id)
            ) AS w
-     WHERE o.status = 'dead'
+     WHERE o.status = 'dead' AND o.ordered  -- only an ordered row blocks (index dead_ordered, 0014)
 ), rel AS (
     SELECT c.oid
       FROM pg_class AS c
@@ -115,6 +119,46 @@ SELECT u.event_type, u.status, count(*) AS n, min(u.created_at) AS oldest,
  GROUP BY u.event_type, u.status
  ORDER BY u.event_type, u.status;
 
+-- console_event_types --
+-- For the console's overview, bounded: the %(limit)s event types with the most messages awaiting delivery (pending or processing: one row per type and status, as status_by_event_type), each with its dead count (index dead_type, 0014), and how many event types await delivery in all. Dead messages are grouped on /dead, so the dead rows are counted only for the types listed: the whole aggregation of a million dead rows took 2 s.
+WITH per AS (
+    SELECT u.event_type, u.status, count(*) AS n, min(u.created_at) AS oldest,
+           count(*) FILTER (WHERE u.status = 'processing' AND u.lease_until < now()) AS expired
+      FROM (
+            SELECT event_type, status, created_at, lease_until FROM {outbox} WHERE status = 'pending' AND NOT ordered
+            UNION ALL
+            SELECT event_type, status, created_at, lease_until FROM {outbox}
+             WHERE status = 'pending' AND ordered AND aggregate_seq IS NULL
+            UNION ALL
+            SELECT event_type, status, created_at, lease_until FROM {outbox}
+             WHERE status = 'pending' AND ordered AND aggregate_seq IS NOT NULL
+            UNION ALL
+            SELECT event_type, status, created_at, lease_until FROM {outbox} WHERE status = 'processing'
+           ) AS u
+     GROUP BY u.event_type, u.status
+), types AS (
+    SELECT per.event_type, sum(per.n) AS total FROM per GROUP BY per.event_type
+), top AS (
+    SELECT types.event_type FROM types ORDER BY types.total DESC, types.event_type LIMIT %(limit)s
+)
+SELECT per.event_type, per.status, per.n, per.oldest, per.expired, (SELECT count(*) FROM types) AS types
+  FROM per
+  JOIN top ON top.event_type = per.event_type
+UNION ALL
+SELECT top.event_type, 'dead', d.n, NULL, 0, (SELECT count(*) FROM types)
+  FROM top
+ CROSS JOIN LATERAL (SELECT count(*) AS n FROM {outbox} AS o WHERE o.status = 'dead' AND o.event_type = top.event_type) AS d
+ WHERE d.n > 0
+ ORDER BY 1, 2;
+
+-- console_payload_parts --
+-- One message's payload as JSON text, UTF-8, in parts of %(size)s bytes, in order, for a server-side cursor that the console reads one part at a time: the text is rendered once (the subquery) and cut as bytes (substr on text counts characters from the start every time: 26 MB took 8.6 s), never held whole by the console. No ORDER BY, which would make the server build every part before the first is sent: the nested loop hands them out in generate_series' order.
+WITH p AS MATERIALIZED (  -- rendered once, not once per part
+    SELECT convert_to(o.payload::text, 'UTF8') AS b FROM {outbox} AS o WHERE o.id = %(id)s
+)
+SELECT substring(p.b FROM g * %(size)s::integer + 1 FOR %(size)s::integer) AS part
+  FROM p, generate_series(0, greatest(length(p.b) - 1, 0) / %(size)s::integer) AS g;
+
 -- explain_head --
 -- An aggregate's heads row (its counter too) and the message it names, with the database clock.
 SELECT now() AS now,
@@ -157,6 +201,74 @@ SELECT o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.attempts, o.creat
        now() AS now
   FROM {outbox} AS o
  WHERE o.status = 'dead'
+   AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY (%(event_types)s::text[]))
+   AND (%(aggregate_id)s::text IS NULL OR o.aggregate_id = %(aggregate_id)s::text)
+   AND (%(error)s::text IS NULL OR strpos(lower(coalesce(o.last_error, '')), lower(%(error)s::text)) > 0)
+   AND (%(created_after)s::timestamptz IS NULL OR o.created_at >= %(created_after)s::timestamptz)
+   AND (%(created_before)s::timestamptz IS NULL OR o.created_at < %(created_before)s::timestamptz)
+ ORDER BY o.id
+ LIMIT %(limit)s;
+
+-- dead_groups --
+-- Dead messages matching the filters grouped by error (dead_group, migration 0014), largest group first, one page of groups: counted from the (dead_group, id) index, nothing per row but the count. For the groups on the page only: the fingerprint and the last error (its first 2,000 characters and its length), the event types among the group's first 100 messages, and how many of its ordered messages hold up their aggregate.
+WITH grouped AS (
+    SELECT o.dead_group, count(*) AS n, min(o.id) AS first_id, max(o.id) AS last_id
+      FROM {outbox} AS o
+     WHERE o.status = 'dead'
+       AND (%(group)s::bigint IS NULL OR o.dead_group = %(group)s::bigint)
+       AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY (%(event_types)s::text[]))
+       AND (%(aggregate_id)s::text IS NULL OR o.aggregate_id = %(aggregate_id)s::text)
+       AND (%(error)s::text IS NULL OR strpos(lower(coalesce(o.last_error, '')), lower(%(error)s::text)) > 0)
+       AND (%(created_after)s::timestamptz IS NULL OR o.created_at >= %(created_after)s::timestamptz)
+       AND (%(created_before)s::timestamptz IS NULL OR o.created_at < %(created_before)s::timestamptz)
+     GROUP BY o.dead_group
+), page AS (
+    SELECT g.*, count(*) OVER () AS groups, sum(g.n) OVER () AS total
+      FROM grouped AS g
+     ORDER BY g.n DESC, g.first_id
+     LIMIT %(limit)s OFFSET %(offset)s
+)
+SELECT coalesce(p.dead_group, 0) AS dead_group, p.n, p.first_id, p.last_id, p.groups, p.total,
+       {q_fingerprint}(s.last_error) AS fingerprint,
+       left(s.last_error, 2000) AS sample_error, length(s.last_error) AS sample_length,
+       ARRAY(SELECT DISTINCT t.event_type
+               FROM (SELECT b.event_type FROM {outbox} AS b
+                      WHERE b.status = 'dead' AND b.dead_group = p.dead_group
+                      ORDER BY b.id LIMIT 100) AS t
+              ORDER BY 1) AS event_types,
+       (SELECT count(*) FROM {outbox} AS b
+         WHERE b.status = 'dead' AND b.dead_group = p.dead_group AND b.ordered
+           AND EXISTS (SELECT 1 FROM {q_heads} AS h WHERE h.aggregate_id = b.aggregate_id AND h.head_id = b.id)) AS blocking,
+       now() AS now
+  FROM page AS p
+  JOIN {outbox} AS s ON s.id = p.last_id
+ ORDER BY p.n DESC, p.first_id;
+
+-- dead_ids --
+-- The ids of the dead messages matching the filters (and in a group, when given), in id order: what a re-drive or skip of a filter or group takes; nothing else is read.
+SELECT o.id
+  FROM {outbox} AS o
+ WHERE o.status = 'dead'
+   AND (%(group)s::bigint IS NULL OR o.dead_group = %(group)s::bigint)
+   AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY (%(event_types)s::text[]))
+   AND (%(aggregate_id)s::text IS NULL OR o.aggregate_id = %(aggregate_id)s::text)
+   AND (%(error)s::text IS NULL OR strpos(lower(coalesce(o.last_error, '')), lower(%(error)s::text)) > 0)
+   AND (%(created_after)s::timestamptz IS NULL OR o.created_at >= %(created_after)s::timestamptz)
+   AND (%(created_before)s::timestamptz IS NULL OR o.created_at < %(created_before)s::timestamptz)
+ ORDER BY o.id
+ LIMIT %(limit)s;
+
+-- dead_group_page --
+-- One page of a group's dead messages matching the filters, in id order after %(after)s (keyset paging over the (dead_group, id) index); each error cut to its first 2,000 characters.
+SELECT o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.attempts, o.created_at, left(o.last_error, 2000) AS last_error,
+       o.ordered, o.lease_version, o.resolution, o.resolved_by, o.resolved_at,
+       EXISTS (SELECT 1 FROM {q_heads} AS h WHERE h.aggregate_id = o.aggregate_id AND h.head_id = o.id) AS blocking,
+       0 AS total,
+       now() AS now
+  FROM {outbox} AS o
+ WHERE o.status = 'dead'
+   AND o.dead_group = %(group)s::bigint
+   AND o.id > %(after)s::bigint
    AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY (%(event_types)s::text[]))
    AND (%(aggregate_id)s::text IS NULL OR o.aggregate_id = %(aggregate_id)s::text)
    AND (%(error)s::text IS NULL OR strpos(lower(coalesce(o.last_error, '')), lower(%(error)s::text)) > 0)
@@ -384,12 +496,15 @@ SELECT now() AS now, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.att
 
 -- console_message --
 -- One message whole, for the console's message page: payload, headers, attempts, last error, operator action, and its aggregate's head and counter.
-SELECT now() AS now, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload,
-       o.headers::text AS headers, o.created_at, o.status, o.available_at, o.attempts, o.lease_owner,
-       o.lease_until, o.lease_version, o.last_error, o.done_at, o.ordered, o.aggregate_seq,
+SELECT now() AS now, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
+       left(p.text, 1024) AS payload, length(p.text) AS payload_length,
+       left(o.headers::text, 65536) AS headers, o.created_at, o.status, o.available_at, o.attempts, o.lease_owner,
+       o.lease_until, o.lease_version, left(o.last_error, 8192) AS last_error, length(o.last_error) AS last_error_length,
+       o.done_at, o.ordered, o.aggregate_seq,
        o.resolution, o.resolved_by, o.resolved_at, o.resolved_note,
        h.head_id, head.aggregate_seq AS head_seq, h.last_seq
   FROM {outbox} AS o
+  CROSS JOIN LATERAL (SELECT o.payload::text AS text OFFSET 0) AS p  -- OFFSET 0: rendered once, not per use
   LEFT JOIN {q_heads} AS h ON h.aggregate_id = o.aggregate_id
   LEFT JOIN {outbox} AS head ON head.id = h.head_id
  WHERE o.id = %(id)s;

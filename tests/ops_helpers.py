@@ -138,3 +138,28 @@ def target(dsn: str, db: Db) -> list[str]:
     """The flags naming the test's outbox, reached as ``dsn``: the relay role's
     (``relay_dsn``) for the operator commands, whose every statement its grants cover."""
     return ["--dsn", dsn, "--schema", db.names.schema]
+
+
+def group_key(dsn: str, names: Any, error: str | None) -> str:
+    """The key `relay dead list --group` shows for ``error``: the outbox's own SQL function
+    (migration 0014), never a copy of its rules."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT {}(%s)").format(sql.Identifier(names.schema, f"{names.table}_dead_group")), (error,)
+        ).fetchone()
+    assert row is not None
+    return f"{row[0] & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def fingerprint(dsn: str, names: Any, error: str | None) -> str:
+    """``error``'s fingerprint, by the outbox's SQL function."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT {}(%s)").format(sql.Identifier(names.schema, f"{names.table}_fingerprint")), (error,)
+        ).fetchone()
+    assert row is not None
+    return str(row[0])

@@ -439,6 +439,10 @@ class TcpProxy:
     def __init__(self, host: str, port: int, latency: float = 0.0) -> None:
         self.target = (host, port)
         self.latency = latency
+        # Bytes that, seen from a client, reset that client's connection: a fault of one
+        # message (a limit nobody checked) that takes its whole connection down.
+        self.poison: bytes | None = None
+        self.poisoned = 0  # connections reset so
         self.port = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -476,15 +480,25 @@ class TcpProxy:
             client_writer.transport.abort()
             return
         self._writers |= {client_writer, upstream_writer}
+
+        def sever() -> None:
+            self.poisoned += 1
+            client_writer.transport.abort()
+            upstream_writer.transport.abort()
+
         for task in (
-            asyncio.create_task(self._pump(client_reader, upstream_writer, lambda: 0.0)),
+            asyncio.create_task(self._pump(client_reader, upstream_writer, lambda: 0.0, sever)),
             asyncio.create_task(self._pump(upstream_reader, client_writer, lambda: self.latency)),
         ):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, latency: Callable[[], float]
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        latency: Callable[[], float],
+        sever: Callable[[], None] | None = None,
     ) -> None:
         # Each chunk is delivered `latency` after it was read, in order: a delay on the
         # path, not a bandwidth limit.
@@ -501,8 +515,13 @@ class TcpProxy:
                 await writer.drain()
 
         sender = asyncio.create_task(deliver())
+        tail = b""
         try:
             while data := await reader.read(65536):
+                if sever is not None and self.poison and self.poison in tail + data:
+                    sever()
+                    break
+                tail = data[-64:]
                 queue.put_nowait((loop.time() + latency(), data))
             queue.put_nowait((0.0, b""))
             await sender

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from relay.ops.deadletters import group_key
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.console_seed import BILLING_500, SECRET, RunningConsole, Seeded
 from tests.deliveries import QueueReader
+from tests.ops_helpers import group_key
 from tests.rabbitmq_broker import AmqpService, Rabbit, relay_args
 from tests.relay_process import RelayProcess, wait_until_async
 from tests.services import require_services
@@ -106,13 +106,13 @@ async def test_the_overview_shows_the_seeded_counts_and_keeps_them_live(
 
 
 async def test_the_dead_page_lists_the_seeded_groups_and_their_messages(
-    page: Any, shots: Path, console_factory: Any, seeded: tuple[OutboxStore, Seeded]
+    page: Any, shots: Path, console_factory: Any, seeded: tuple[OutboxStore, Seeded], pg_dsn: str, names: OutboxNames
 ) -> None:
     _, s = seeded
     c: RunningConsole = await console_factory()
     await page.goto(c.url + "/dead")
     assert (await text(page, "dead-total")).startswith(f"{s.dead} dead messages in 3 groups")
-    billing = group_key(BILLING_500.format(n=1, req="ab12cd34ef56ab78"))
+    billing = group_key(pg_dsn, names, BILLING_500.format(n=1, req="ab12cd34ef56ab78"))
     await shoot(page, shots, "dead")
     await page.get_by_test_id(f"group-{billing}").get_by_role("link").click()
     await page.wait_for_url(f"**/dead/{billing}")

@@ -15,7 +15,7 @@ import pytest
 
 from relay.console import pages
 from relay.message import Decision
-from relay.ops.deadletters import group_key
+from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.console_seed import (
@@ -26,7 +26,7 @@ from tests.console_seed import (
     RunningConsole,
     Seeded,
 )
-from tests.ops_helpers import claim_until
+from tests.ops_helpers import claim_until, group_key
 
 Session = aiohttp.ClientSession
 
@@ -83,13 +83,13 @@ async def test_the_overview_counts_the_seeded_outbox(
 
 
 async def test_the_dead_page_groups_by_error_and_filters(
-    console_factory: Any, seeded: tuple[OutboxStore, Seeded]
+    console_factory: Any, seeded: tuple[OutboxStore, Seeded], pg_dsn: str, names: OutboxNames
 ) -> None:
     _, s = seeded
     c: RunningConsole = await console_factory()
     _, page = await get(c.url, "/dead")
-    billing = group_key(BILLING_500.format(n=1, req="ab12cd34ef56ab78"))
-    schema = group_key(SCHEMA)
+    billing = group_key(pg_dsn, names, BILLING_500.format(n=1, req="ab12cd34ef56ab78"))
+    schema = group_key(pg_dsn, names, SCHEMA)
     assert f'data-testid="group-{billing}"' in page and f'data-testid="group-{schema}"' in page
     assert by_testid(page, "dead-total").startswith(f"{s.dead} dead messages in 3 groups")
     _, group_page = await get(c.url, f"/dead/{billing}")
@@ -174,11 +174,11 @@ async def test_a_retry_needs_the_token_previews_then_re_drives_in_order(
 
 
 async def test_a_skip_needs_a_reason_and_a_group_skip_writes_exactly_the_previewed_rows(
-    console_factory: Any, seeded: tuple[OutboxStore, Seeded], db: Db
+    console_factory: Any, seeded: tuple[OutboxStore, Seeded], db: Db, pg_dsn: str, names: OutboxNames
 ) -> None:
     _, s = seeded
     c: RunningConsole = await console_factory(by="oncall@example")
-    billing = group_key(BILLING_500.format(n=1, req="ab12cd34ef56ab78"))
+    billing = group_key(pg_dsn, names, BILLING_500.format(n=1, req="ab12cd34ef56ab78"))
     auth = {"Authorization": f"Bearer {SECRET}"}
     async with client() as session:
         status, page = await action(session, c, "/actions/preview", {"action": "skip", "group": billing}, **auth)
@@ -283,12 +283,17 @@ async def test_a_confirm_refuses_a_message_claimed_again_since_its_preview(
 
 
 async def test_a_group_action_over_the_limit_is_refused_before_anything_changes(
-    console_factory: Any, seeded: tuple[OutboxStore, Seeded], db: Db, monkeypatch: pytest.MonkeyPatch
+    console_factory: Any,
+    seeded: tuple[OutboxStore, Seeded],
+    db: Db,
+    monkeypatch: pytest.MonkeyPatch,
+    pg_dsn: str,
+    names: OutboxNames,
 ) -> None:
     _, s = seeded
     monkeypatch.setattr(pages, "ACTION_MAX", len(s.billing) - 1)  # the billing group is one over
     c: RunningConsole = await console_factory()
-    billing = group_key(BILLING_500.format(n=1, req="ab12cd34ef56ab78"))
+    billing = group_key(pg_dsn, names, BILLING_500.format(n=1, req="ab12cd34ef56ab78"))
     auth = {"Authorization": f"Bearer {SECRET}"}
     async with client() as session:
         status, page = await action(session, c, "/actions/preview", {"action": "retry", "group": billing}, **auth)

@@ -29,7 +29,7 @@ from relay.errors import ConfigError, PermanentError, RetryableError
 from relay.grants import Grantee, grant
 from relay.message import OutboxMessage
 from relay.migrate import migrate
-from relay.ops.deadletters import group_messages
+from relay.ops.deadletters import DeadGroup, DeadGroups
 from relay.ops.queries import DeadFilter, DeadMessage, DeadPage
 from relay.ops.release import Held, ReleaseResult
 from relay.ops.render import event_type_table, render_groups, render_list, render_release
@@ -372,7 +372,19 @@ def test_dead_list_and_status_tables_have_one_row_per_message_or_type() -> None:
     ]
     page = DeadPage(at=datetime(2026, 1, 2, tzinfo=UTC), messages=tuple(hostile), total=3)
     table = render_list(page, DeadFilter())
-    groups = render_groups(group_messages(hostile), DeadFilter())
+    groups = render_groups(
+        DeadGroups(
+            tuple(
+                DeadGroup(f"{m.id:016x}", m.last_error or "", 1, 1, (m.event_type,), m.id, m.id, m.last_error, 1)
+                for m in hostile
+            ),
+            total_groups=3,
+            total=3,
+            page=1,
+            per_page=50,
+        ),
+        DeadFilter(),
+    )
     status = event_type_table(
         [EventTypeStatus(t, 1, 0, 0, 0, None) for t in ("Order\nPaid", "Order\rShipped", "E" * 70_000, "OrderPlaced")]
     )

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from relay.errors import ConfigError
-from relay.ops.deadletters import Refusal, WriteResult, fingerprint, group_key, group_messages
+from relay.ops.deadletters import DeadGroup, DeadGroups, Refusal, WriteResult
 from relay.ops.explain import explanation
 from relay.ops.prune import HeadsResult, PruneResult
 from relay.ops.queries import (
@@ -78,31 +78,6 @@ def dead(i: int, error: str | None, *, event_type: str = "OrderPlaced", blocking
     )
 
 
-def test_dead_messages_group_by_fingerprint_largest_group_first() -> None:
-    messages = [
-        dead(1, "timeout after 30s talking to 10.0.0.7"),
-        dead(2, "order 41 is too large (262211 bytes)", blocking=True),
-        dead(3, "order 42 is too large (300002 bytes)", event_type="OrderPaid"),
-        dead(4, "timeout after 31s talking to 10.0.0.9"),
-        dead(5, "order 43 is too large (99 bytes)\nsecond line", blocking=True),
-        dead(6, None),
-    ]
-    groups = group_messages(messages)
-    assert [g.count for g in groups] == [3, 2, 1]
-    large, timeout, none = groups
-    assert large.key == group_key("order 41 is too large (262211 bytes)")
-    assert large.fingerprint == "order <n> is too large (<n> bytes)"
-    assert large.ids == (2, 3, 5) and (large.first_id, large.last_id) == (2, 5)
-    assert large.blocking == 2
-    assert large.event_types == ("OrderPaid", "OrderPlaced")
-    assert large.sample_error == "order 43 is too large (99 bytes)\nsecond line"  # the newest one
-    assert timeout.ids == (1, 4) and timeout.blocking == 0
-    assert none.fingerprint == fingerprint(None) == "(no error recorded)"
-    # Equal counts: the group whose first id is lower comes first.
-    tied = group_messages([dead(9, "b 1"), dead(7, "a 1"), dead(8, "a 2"), dead(10, "b 2")])
-    assert [g.first_id for g in tied] == [7, 9]
-
-
 def test_dead_list_and_group_tables() -> None:
     messages = (dead(1, "boom 1", blocking=True), dead(2, None))
     page = DeadPage(at=NOW, messages=messages, total=5)
@@ -116,10 +91,21 @@ def test_dead_list_and_group_tables() -> None:
     flt = DeadFilter(event_types=("X",))
     assert render_list(DeadPage(at=None, messages=(), total=0), flt) == "no dead messages match event type 'X'"
     assert render_list(DeadPage(at=None, messages=(), total=0), DeadFilter()) == "no dead messages"
-    groups = render_groups(group_messages(messages), DeadFilter())
-    assert groups.splitlines()[-1] == (
-        "2 dead messages in 2 groups; re-drive one with `relay dead retry --group GROUP`"
+    view = DeadGroups(
+        tuple(DeadGroup(f"{i:016x}", f"boom {i}", 1, 0, ("OrderPlaced",), i, i, f"boom {i}", 6) for i in range(1, 3)),
+        total_groups=120,
+        total=240,
+        page=2,
+        per_page=50,
     )
+    lines = render_groups(view, DeadFilter()).splitlines()
+    assert lines[0].split()[:3] == ["GROUP", "COUNT", "BLOCKING"] and lines[1].startswith("0000000000000001")
+    assert lines[-2:] == [
+        "240 dead messages in 120 groups; re-drive one with `relay dead retry --group GROUP`",
+        "page 2 of 3 (50 groups a page): --page N for another",
+    ]
+    past = DeadGroups((), total_groups=120, total=240, page=9, per_page=50)
+    assert render_groups(past, DeadFilter()) == "no page 9: 120 groups fill 3 pages"
 
 
 def test_write_results_render_and_refuse() -> None:
@@ -142,6 +128,12 @@ def test_write_results_render_and_refuse() -> None:
     )
     assert not refused.applied
     assert refusal_line(refused) == "refused to skip (nothing changed): 9: unknown id; 10: not dead (status done)"
+    # Two operators re-driving one group of 5,000 at once: the loser's line names 20 and counts the rest.
+    many = WriteResult(
+        "retry", False, (), tuple(Refusal(i, "not dead (status pending)") for i in range(5000)), "x", None
+    )
+    line = refusal_line(many)
+    assert line.count("not dead") == 20 and line.endswith("; and 4,980 more (5,000 refused)") and len(line) < 1000
 
 
 # ---- relay explain

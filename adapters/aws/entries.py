@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from relay.errors import PermanentError
+from relay.errors import NoRoomForReplayMarker, PermanentError
 from relay.message import RELAY_HEADERS, OutboxMessage
 
 # Characters SQS and SNS accept in bodies and attribute values (XML 1.0's Char production).
@@ -110,6 +110,12 @@ def check(message: OutboxMessage, *, max_bytes: int, service: str, destination: 
     ``service`` ("SQS") and ``destination`` ("the SQS queue") name them in the errors.
     """
     attrs = attributes(message)
+    marker = next(((n, k, v) for n, k, v in attrs if n == "replay"), None)
+    if len(attrs) > MAX_ATTRIBUTES and marker is not None and len(attrs) - 1 <= MAX_ATTRIBUTES:
+        return NoRoomForReplayMarker(
+            f"{len(attrs)} message attributes with the replay marker; {service} allows at most {MAX_ATTRIBUTES}:"
+            f" the message went out live with {len(attrs) - 1}, and a replay cannot send it without its marker"
+        )
     if len(attrs) > MAX_ATTRIBUTES:
         extra = len(attrs) - sum(1 for name, _, _ in attrs if name in RELAY_HEADERS)
         return PermanentError(
@@ -117,6 +123,11 @@ def check(message: OutboxMessage, *, max_bytes: int, service: str, destination: 
             f" {MAX_ATTRIBUTES}, so a message carries at most {MAX_ATTRIBUTES - len(attrs) + extra} producer headers"
         )
     size = message_size(message.body, attrs)
+    if marker is not None and size > max_bytes >= size - message_size(b"", (marker,)):
+        return NoRoomForReplayMarker(
+            f"message is {size} bytes with its attributes and the replay marker; {destination} takes at most"
+            f" {max_bytes}: it went out live without the marker, and a replay cannot send it without it"
+        )
     if size > max_bytes:
         return PermanentError(f"message is {size} bytes with its attributes; {destination} takes at most {max_bytes}")
     try:

@@ -21,7 +21,7 @@ from pamqp import commands
 from adapters.rabbitmq.envelope import Envelope
 from adapters.rabbitmq.settings import RabbitSettings
 from relay.contract import Outcome
-from relay.errors import BrokerUnavailable, PermanentError, RetryableError
+from relay.errors import BrokerUnavailable, PermanentError, RetryableError, SharedFailure
 
 NO_ROUTE = 312
 
@@ -122,7 +122,7 @@ def classify(
     if fault.unavailable is not None:
         return fault.unavailable
     if raw is NOT_SENT:
-        return RetryableError("not sent: the channel failed, or the message before it timed out, before its turn")
+        return SharedFailure("not sent: the channel failed, or the message before it timed out, before its turn")
     if fault.size_limit is not None:
         return RetryableError(
             "not confirmed: the broker closed the channel because another message of the batch"
@@ -133,9 +133,9 @@ def classify(
         # it first): nothing was sent, and the same message would be refused again.
         return PermanentError(f"the AMQP client cannot send this message: {raw}")
     if isinstance(raw, amqp_errors.ChannelClosed | amqp_errors.ChannelInvalidStateError):
-        return RetryableError(f"channel closed before the broker confirmed: {describe(raw)}")
+        return SharedFailure(f"channel closed before the broker confirmed: {describe(raw)}")
     if isinstance(raw, _LOST):
-        return RetryableError(
+        return SharedFailure(
             f"connection to RabbitMQ lost before the broker confirmed (it may or may not have the"
             f" message): {describe(raw)}"
         )

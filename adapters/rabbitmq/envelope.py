@@ -24,9 +24,12 @@ HEADER_FRAME_OVERHEAD = 7 + 12 + 1
 MIN_FRAME_MAX = 4096
 # AMQP's short strings (the `type` property among them) hold at most 255 bytes.
 MAX_SHORTSTR_BYTES = 255
-# Generous bound on everything in the encoded properties besides the row's three texts:
-# header names, ids and counters, timestamp, content type, app id, field tags and lengths.
+# Generous bound on everything in the encoded properties besides the headers and the
+# event type: ids, timestamp, content type, app id, delivery mode, flags.
 FIXED_PROPERTY_BYTES = 512
+# A header table entry besides its name and value: the name's length octet, the value's
+# type tag and 4-byte length.
+FIELD_OVERHEAD_BYTES = 6
 APP_ID = "outbox-relay"
 PERSISTENT = 2  # delivery mode: the broker writes the message to disk
 
@@ -84,11 +87,12 @@ def build(
             f"routing key of {key_bytes} bytes (from template {settings.routing_key.text!r}) exceeds"
             f" AMQP's {MAX_ROUTING_KEY_BYTES}; not sent"
         )
+    headers = headers_for(m)
     try:
         properties = spec.Basic.Properties(
             content_type="application/json",
             delivery_mode=PERSISTENT,
-            headers=headers_for(m),
+            headers=headers,
             message_id=m.event_id or str(m.id),
             message_type=m.event_type,
             # Publish time: the row's created_at is not part of the claimed message.
@@ -97,7 +101,7 @@ def build(
         )
     except (TypeError, ValueError) as exc:  # pamqp validates some fields on construction
         return PermanentError(f"AMQP properties or headers cannot be encoded: {exc}; not sent")
-    if not _surely_encodable(m, frame_max):
+    if not _surely_encodable(m, headers, frame_max):
         # Encode them exactly as the client will: pamqp raises TypeError for a shortstr
         # over 255 bytes (`type` is one) or a value it has no AMQP type for, and
         # UnicodeEncodeError for text that is not UTF-8; mid-publish, that would fail the
@@ -109,20 +113,29 @@ def build(
             return PermanentError(f"AMQP properties or headers cannot be encoded: {exc}; not sent")
         header_frame = len(encoded) + HEADER_FRAME_OVERHEAD
         if header_frame > frame_max:
+            theirs = m.headers or {}
+            given = sum(len(k) + len(v.encode("utf-8", "surrogatepass")) for k, v in theirs.items())
             return PermanentError(
-                f"AMQP properties and headers take {header_frame} bytes, more than the connection's"
-                f" frame_max of {frame_max}; not sent"
+                f"AMQP properties and headers take {header_frame} bytes ({len(theirs)} producer headers of"
+                f" {given} bytes among them), more than the connection's frame_max of {frame_max}: one"
+                " content-header frame must hold them all; not sent"
             )
     return Envelope(m, properties, routing_key)
 
 
-def _surely_encodable(m: OutboxMessage, frame_max: int) -> bool:
+def _surely_encodable(m: OutboxMessage, headers: dict[str, FieldValue], frame_max: int) -> bool:
     """True when the properties cannot fail to encode or outgrow a frame, without encoding
-    them (which costs as much again as building them): the only text from the row is
-    ASCII, the event type fits a shortstr, and all of it takes far less than a frame."""
-    texts = (m.event_type, m.aggregate_id, m.aggregate_type)
-    return (
-        all(t.isascii() for t in texts)
-        and len(m.event_type) <= MAX_SHORTSTR_BYTES
-        and 2 * len(m.event_type) + len(m.aggregate_id) + len(m.aggregate_type) + FIXED_PROPERTY_BYTES < frame_max
-    )
+    them (which costs as much again as building them): every text is ASCII, the event type
+    fits a shortstr, and all of it, every header included (the producer's, the replay
+    marker, trace context: whatever the message carries), takes far less than a frame."""
+    if len(m.event_type) > MAX_SHORTSTR_BYTES or not m.event_type.isascii():
+        return False
+    total = FIXED_PROPERTY_BYTES + len(m.event_type)  # the `type` property repeats it
+    for name, value in headers.items():
+        if isinstance(value, str):
+            if not value.isascii():
+                return False
+            total += len(name) + len(value) + FIELD_OVERHEAD_BYTES
+        else:
+            total += len(name) + FIELD_OVERHEAD_BYTES + 8
+    return total < frame_max

@@ -37,7 +37,7 @@ from adapters.rabbitmq.settings import RabbitSettings
 from adapters.rabbitmq.unroutable import UnroutableKeys
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
 from relay.dsn import mask
-from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable
+from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable, SharedFailure
 from relay.message import OutboxMessage
 from relay.textsafe import clip, escape
 
@@ -97,6 +97,11 @@ class RabbitPublisher:
         self._blocking = Blocking(log, settings.where)
         self._closing = False
         self._background: set[asyncio.Task[None]] = set()
+        # Confirm waits in progress, cut short when the connection is lost (the broker can
+        # no longer answer them), and how many times it was lost (a batch that saw it
+        # failed as a whole: relay.isolation).
+        self._confirm_waits: set[asyncio.Timeout] = set()
+        self._losses = 0
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -259,9 +264,12 @@ class RabbitPublisher:
         raws: list[BaseException | None] = [NOT_SENT] * len(envelopes)
         timeout = self.settings.confirm_timeout.total_seconds()
         reusable = False
+        losses = self._losses
+        deadline: asyncio.Timeout | None = None
         try:
             try:
                 async with asyncio.timeout(timeout) as deadline:
+                    self._confirm_waits.add(deadline)
                     with self._blocking.cut_short(deadline):
                         chains = _chains(envelopes)
                         if not lane.proven:
@@ -281,7 +289,10 @@ class RabbitPublisher:
             except TimeoutError:
                 pass  # the unconfirmed keep UNCONFIRMED; a stalled channel is not reused
         finally:
+            if deadline is not None:
+                self._confirm_waits.discard(deadline)
             self._release(lane, reusable)
+        lost = self._losses != losses
         fault = BatchFault.of(raws, self.settings)
         current_limit = self._learned_max_size or self.settings.max_message_size
         if fault.size_limit is not None and fault.size_limit < current_limit:
@@ -300,6 +311,10 @@ class RabbitPublisher:
         return [
             blocked
             if blocked is not None and _unanswered(raw)
+            else SharedFailure(
+                "the connection to RabbitMQ was lost before the broker confirmed (it may or may not have the message)"
+            )
+            if lost and _unanswered(raw)
             else classify(raw, envelope, self.settings, fault, timeout)
             for raw, envelope in zip(raws, envelopes, strict=True)
         ]
@@ -455,6 +470,10 @@ class RabbitPublisher:
         return channel
 
     def _on_connection_lost(self, _sender: object, exc: BaseException | None) -> None:
+        self._losses += 1
+        now = asyncio.get_running_loop().time()
+        for wait in self._confirm_waits:
+            wait.reschedule(now)
         if not self._closing:
             log.warning(
                 "connection to RabbitMQ at %s lost (%s); reconnecting every %gs",

@@ -17,7 +17,16 @@ from relay.cli.common import OPS_OPTIONS, AsciiInt, F, check_text, ops_setup, ru
 from relay.durations import parse_moment
 from relay.errors import ConfigError, shown
 from relay.ids import parse_outbox_id
-from relay.ops.deadletters import GROUP_KEY, default_operator, group_dead, list_dead, retry, select_ids, skip
+from relay.ops.deadletters import (
+    GROUP_KEY,
+    GROUPS_PER_PAGE,
+    default_operator,
+    group_dead,
+    list_dead,
+    retry,
+    select_ids,
+    skip,
+)
 from relay.ops.queries import Conn, DeadFilter
 from relay.ops.render import jsonable, refusal_line, render_groups, render_list, render_write
 from relay.sqlnames import OutboxNames
@@ -103,7 +112,8 @@ def _selection(ids: tuple[str, ...], group: str | None, all_dead: bool, cli_valu
         numbers.append(parse_outbox_id(raw))
     if group is not None and not GROUP_KEY.fullmatch(group):
         raise ConfigError(
-            f"invalid --group {shown(group)}: expected the 8-character key `relay dead list --group` shows"
+            f"invalid --group {shown(group)}: expected the 16-character key `relay dead list --group` shows"
+            " (keys shown before migration 0014 had 8)"
         )
     by_filter = not flt.is_empty() or group is not None
     if sum((bool(numbers), by_filter, all_dead)) > 1:
@@ -138,18 +148,28 @@ def dead_group() -> None:
 @click.option(
     "--limit", type=AsciiInt(1, LIST_MAX), default=100, show_default=True, help=f"Rows to show (1..{LIST_MAX:,})."
 )
+@click.option(
+    "--page",
+    type=AsciiInt(1, 1_000_000),
+    default=1,
+    show_default=True,
+    help=f"With --group: which page of {GROUPS_PER_PAGE} groups, largest first.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def dead_list_cmd(grouped: bool, limit: int, as_json: bool, **cli_values: Any) -> None:
-    """List dead messages (oldest first), or --group them by error."""
+def dead_list_cmd(grouped: bool, limit: int, page: int, as_json: bool, **cli_values: Any) -> None:
+    """List dead messages (oldest first), or --group them by error (grouped and counted in
+    the database, a page of groups at a time)."""
     flt = _filter(cli_values)
     dsn, names = ops_setup(cli_values)
 
     async def body(conn: Conn) -> str:
         if grouped:
-            groups = await group_dead(conn, names, flt)
-            return json.dumps(jsonable(groups), indent=2) if as_json else render_groups(groups, flt)
-        page = await list_dead(conn, names, flt, limit=limit)
-        return json.dumps(jsonable(page), indent=2) if as_json else render_list(page, flt)
+            groups = await group_dead(conn, names, flt, page=page)
+            if as_json:
+                return json.dumps({**jsonable(groups), "pages": groups.pages}, indent=2)
+            return render_groups(groups, flt)
+        listed = await list_dead(conn, names, flt, limit=limit)
+        return json.dumps(jsonable(listed), indent=2) if as_json else render_list(listed, flt)
 
     click.echo(run(lambda: with_conn(dsn, names, body)))
 

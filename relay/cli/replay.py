@@ -446,10 +446,22 @@ def _finish(report: ReplayReport, resume: _Resume, summary: PlanSummary) -> int:
         shown_ids = ", ".join(str(i) for i in failed_ids[:20])
         more = f" and {len(report.failed) - 20:,} more" if len(report.failed) > 20 else ""
         click.echo(f"not replayed: {shown_ids}{more}")
+        if report.no_room_for_marker:
+            click.echo(
+                f"{len(report.no_room_for_marker):,} of them fit the broker live but not with"
+                " the replay marker the replay adds: a replay cannot send them (not without the marker, or"
+                " consumers and FIFO de-duplication would take them for the live delivery); leave them out"
+            )
     if report.lost_database:
         click.echo(f"the database connection was lost, the replay stopped: {report.lost_database}")
     if report.resume_from is not None:
-        why = "interrupted" if report.interrupted else "to replay the rest once the cause is fixed"
+        if report.interrupted:
+            why = "interrupted"
+        elif report.failed and len(report.permanent) == len(report.failed):
+            # Refused for what they are: the same run would stop at them again.
+            why = "they fail whatever is retried, so a run that includes them stops there again"
+        else:
+            why = "to replay the rest once the cause is fixed"
         command, masked = resume.command(report.resume_from)
         note = " (passwords are shown as ***: put them back, or set them in RELAY_* variables)" if masked else ""
         click.echo(f"{why}; the rest (from id {report.resume_from}) is replayed by{note}:")

@@ -20,7 +20,7 @@ import jinja2
 import psycopg
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from markupsafe import Markup
+from markupsafe import Markup, escape
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from relay.console import pages
@@ -66,6 +66,13 @@ def _finalize(value: object) -> object:
     return mask(str(value))
 
 
+def _echo(value: object) -> Markup:
+    """What a user typed (a filter, a page number), shown back escaped and never through the
+    secret mask: masked, the echo told whoever reads the page whether a guess was the DSN's
+    password or the action token (`?error=GUESS` came back as *** only for the right one)."""
+    return Markup(escape("" if value is None else str(value)))
+
+
 def _ts(value: datetime | None) -> str:
     return "-" if value is None else value.isoformat(timespec="seconds")
 
@@ -83,7 +90,7 @@ def templates() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(age=age_text, ts=_ts, n=_n, bytes=bytes_text)
+    env.filters.update(age=age_text, ts=_ts, n=_n, bytes=bytes_text, echo=_echo)
     env.globals["static"] = lambda name: f"/static/{name}"
     return env
 
@@ -138,14 +145,34 @@ class Console:
 
     async def dead(self, request: web.Request) -> web.Response:
         flt = pages.dead_filter(request.query)
-        view = await self.read(lambda c: pages.dead_groups(c, self.config.names, flt))
-        return self.render(request, "dead.html", view=view, flt=flt, query=dict(request.query))
+        page = pages.page_number(request.query)
+        view = await self.read(lambda c: pages.dead_groups(c, self.config.names, flt, page))
+        return self.render(request, "dead.html", view=view, flt=flt, query=_filters(request.query))
 
     async def dead_group(self, request: web.Request) -> web.Response:
         key = request.match_info["key"]
         flt = pages.dead_filter(request.query)
-        view = await self.read(lambda c: pages.dead_group(c, self.config.names, key, flt))
-        return self.render(request, "group.html", view=view, flt=flt, query=dict(request.query))
+        after = pages.after_id(request.query)
+        view = await self.read(lambda c: pages.dead_group(c, self.config.names, key, flt, after))
+        return self.render(request, "group.html", view=view, flt=flt, query=_filters(request.query))
+
+    async def payload(self, request: web.Request) -> web.StreamResponse:
+        """A message's whole payload, streamed in parts (the page shows its first KiB)."""
+        outbox_id = parse_outbox_id(request.match_info["id"], "message id")
+        async with self.pool.connection() as conn:
+            parts = pages.payload_parts(conn, self.config.names, outbox_id)
+            first = await anext(parts, None)
+            if first is None:
+                return self.render(
+                    request, "error.html", status=404, title="Not found", text=f"no message #{outbox_id}"
+                )
+            response = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8"})
+            await response.prepare(request)
+            await response.write(first)
+            async for part in parts:
+                await response.write(part)
+            await response.write_eof()
+            return response
 
     async def message(self, request: web.Request) -> web.Response:
         outbox_id = parse_outbox_id(request.match_info["id"], "message id")
@@ -244,6 +271,11 @@ class Console:
         return response
 
 
+def _filters(query: Any) -> dict[str, str]:
+    """The filters of a page's query string (what links and forms carry on), not its paging."""
+    return {k: query[k] for k in ("event_type", "aggregate", "error") if query.get(k)}
+
+
 def make_app(console: Console) -> web.Application:
     # Outermost first: every response, error pages included, gets the headers, and no
     # handler runs for a Host the console does not answer to.
@@ -253,7 +285,8 @@ def make_app(console: Console) -> web.Application:
             web.get("/", console.overview),
             web.get("/fragments/overview", console.overview_fragment),
             web.get("/dead", console.dead),
-            web.get("/dead/{key:[0-9a-f]{8}}", console.dead_group),
+            web.get("/dead/{key:[0-9a-f]{16}}", console.dead_group),
+            web.get("/messages/{id}/payload", console.payload),
             web.get("/messages/{id}", console.message),
             web.get("/blocked", console.blocked),
             web.get("/aggregate", console.aggregate),

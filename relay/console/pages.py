@@ -4,9 +4,10 @@ templates. Nothing here renders HTML, and nothing here writes but :func:`act`.""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, replace
 
 from relay.errors import ConfigError
 from relay.ids import parse_lease_version, parse_outbox_id
@@ -15,18 +16,18 @@ from relay.ops.deadletters import (
     GROUP_KEY,
     Action,
     DeadGroup,
+    DeadGroups,
     WriteResult,
     group_dead,
-    group_key,
-    group_messages,
-    list_dead,
+    group_of,
+    one_group,
     retry,
     select_ids,
     skip,
 )
 from relay.ops.explain import Explanation, explain
 from relay.ops.queries import AggregateMessage, BlockedHead, Conn, DeadFilter, DeadMessage, MessageDetail
-from relay.ops.status import Status, attempt_histogram, read_status
+from relay.ops.status import Status, attempt_histogram, by_event_type_status, read_status
 from relay.sqlnames import OutboxNames
 
 # How many rows a page lists; more are counted and linked to a narrower filter.
@@ -43,15 +44,23 @@ FILTER_MAX = 500  # characters of one filter field
 ACTION_MAX = 10_000
 
 
+# Event types the overview lists (the most unfinished rows first); the rest are counted.
+# With 100,000 event types the page was 11.8 MB, fetched again by every tab every 2 s.
+EVENT_TYPES_SHOWN = 50
+
+
 @dataclass(frozen=True)
 class Overview:
     status: Status
     attempts: list[tuple[str, int]]
+    event_types: int  # event types with unfinished rows, of which status.by_event_type lists the top
 
 
 async def overview(conn: Conn, names: OutboxNames) -> Overview:
-    status = await read_status(conn, names, by_event_type=True)
-    return Overview(status, attempt_histogram(status.attempts))
+    status = await read_status(conn, names)
+    rows, count = await queries.event_types_top(conn, names, EVENT_TYPES_SHOWN)
+    status = replace(status, by_event_type=by_event_type_status(status.summary.at, rows))
+    return Overview(status, attempt_histogram(status.attempts), count)
 
 
 def dead_filter(query: Mapping[str, str]) -> DeadFilter:
@@ -76,29 +85,44 @@ def _check_text(value: str, key: str) -> None:
         raise ConfigError(f"invalid {key}: it contains a NUL character")
 
 
-@dataclass(frozen=True)
-class DeadGroups:
-    groups: tuple[DeadGroup, ...]
-    total: int
+def page_number(query: Mapping[str, str]) -> int:
+    """``?page=N`` (1 when absent); ConfigError for anything but a page number."""
+    raw = query.get("page", "1")
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw[:8]) <= 1_000_000 or len(raw) > 7:
+        raise ConfigError("invalid page: give ?page=N, a number from 1")
+    return int(raw)
 
 
-async def dead_groups(conn: Conn, names: OutboxNames, flt: DeadFilter) -> DeadGroups:
-    groups = await group_dead(conn, names, flt)
-    return DeadGroups(groups, sum(g.count for g in groups))
+def after_id(query: Mapping[str, str]) -> int:
+    """``?after=ID`` (0 when absent): a group's page starts after that id."""
+    raw = query.get("after", "0")
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 19:
+        raise ConfigError("invalid after: give ?after=ID, a message id")
+    return int(raw)
+
+
+async def dead_groups(conn: Conn, names: OutboxNames, flt: DeadFilter, page: int = 1) -> DeadGroups:
+    """One page of groups, counted in SQL (sql/ops.sql, dead_groups)."""
+    return await group_dead(conn, names, flt, page=page)
 
 
 @dataclass(frozen=True)
 class GroupPage:
     key: str
     group: DeadGroup | None  # None: no dead message (matching the filter) is in it any more
-    messages: tuple[DeadMessage, ...]  # the first PAGE_ROWS of it
+    messages: tuple[DeadMessage, ...]  # PAGE_ROWS of it, after ``after``
+    after: int
+    next_after: int | None  # the next page starts after this id; None: this is the last
 
 
-async def dead_group(conn: Conn, names: OutboxNames, key: str, flt: DeadFilter) -> GroupPage:
-    page = await list_dead(conn, names, flt)
-    members = tuple(m for m in page.messages if group_key(m.last_error) == key)
-    groups = group_messages(members)
-    return GroupPage(key, groups[0] if groups else None, members[:PAGE_ROWS])
+async def dead_group(conn: Conn, names: OutboxNames, key: str, flt: DeadFilter, after: int = 0) -> GroupPage:
+    group = await one_group(conn, names, key, flt)
+    if group is None:
+        return GroupPage(key, None, (), after, None)
+    rows = await queries.dead_group_page(conn, names, flt, group=group_of(key), after=after, limit=PAGE_ROWS + 1)
+    more = len(rows) > PAGE_ROWS
+    rows = rows[:PAGE_ROWS]
+    return GroupPage(key, group, rows, after, rows[-1].id if more and rows else None)
 
 
 @dataclass(frozen=True)
@@ -114,11 +138,14 @@ async def message(conn: Conn, names: OutboxNames, outbox_id: int) -> MessagePage
     m = await queries.message_detail(conn, names, outbox_id)
     if m is None:
         return None
+    payload = m.payload
+    if m.payload_length <= len(m.payload):  # whole: shown indented; a part is shown as it is
+        with contextlib.suppress(ValueError):
+            payload = json.dumps(json.loads(m.payload), indent=2, ensure_ascii=False)
     try:
-        payload = json.dumps(json.loads(m.payload), indent=2, ensure_ascii=False)
-    except ValueError:
-        payload = m.payload
-    headers = json.loads(m.headers) if m.headers else None
+        headers = json.loads(m.headers) if m.headers else None
+    except ValueError:  # cut at 64 KiB: shown as text
+        headers = {"(headers, first 64 KiB)": m.headers}
     ahead = None
     if m.ordered and m.aggregate_seq is not None and m.head_seq is not None and m.status != "done":
         ahead = max(m.aggregate_seq - m.head_seq, 0)
@@ -192,7 +219,7 @@ def action_request(form: Mapping[str, str]) -> ActionRequest:
     ids = tuple(parse_outbox_id(i) for i in raw_ids)
     group = form.get("group") or None
     if group is not None and not GROUP_KEY.fullmatch(group):
-        raise ConfigError("invalid group: expected the 8-hex-digit key `relay dead list --group` shows")
+        raise ConfigError("invalid group: expected the 16-hex-digit key `relay dead list --group` shows")
     if not raw_ids and group is None:
         raise ConfigError(f"nothing to {action}: give dead message ids or a group")
     reason = form.get("reason", "").strip()
@@ -237,3 +264,12 @@ async def act(
             conn, names, ids, by=by, note=req.reason or None, dry_run=dry_run, expected_versions=req.versions
         )
     return await skip(conn, names, ids, by=by, reason=req.reason, dry_run=dry_run, expected_versions=req.versions)
+
+
+# A payload is streamed in parts of this many bytes: the console never holds more.
+PAYLOAD_PART = 1 << 20
+
+
+def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int) -> AsyncIterator[bytes]:
+    """The whole payload of ``outbox_id`` as JSON text (UTF-8), in parts (none: no such message)."""
+    return queries.payload_parts(conn, names, outbox_id, PAYLOAD_PART)

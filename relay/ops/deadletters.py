@@ -17,40 +17,85 @@ fenced by ``status = 'dead'`` as well, like the relay's finalize.
 from __future__ import annotations
 
 import getpass
-import hashlib
 import logging
 import re
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from relay.errors import ConfigError, first_line
+from relay.errors import ConfigError
 from relay.message import log_fields
 from relay.ops import queries
-from relay.ops.queries import Conn, DeadFilter, DeadMessage, DeadPage, LockedRow, Touched
+from relay.ops.queries import Conn, DeadFilter, DeadPage, LockedRow, Touched
 from relay.sqlnames import OutboxNames
 
 log = logging.getLogger("relay.dead")
 
 Action = Literal["retry", "skip"]
-# What group_key() returns: `relay dead ... --group KEY` and the console check a key with it.
-GROUP_KEY = re.compile(r"[0-9a-f]{8}")
+# A group's key as `relay dead ... --group KEY` and the console take it: the 64-bit
+# dead_group (migration 0014) as 16 hex digits.
+GROUP_KEY = re.compile(r"[0-9a-f]{16}")
+# Groups per page of `relay dead list --group` and the console's /dead.
+GROUPS_PER_PAGE = 50
+
+
+def key_of(group: int) -> str:
+    """The 16-hex-digit key of a dead_group value (a signed 64-bit integer)."""
+    return f"{group & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def group_of(key: str) -> int:
+    """The dead_group value of a key; ConfigError for anything that is not one."""
+    if not GROUP_KEY.fullmatch(key):
+        raise ConfigError(f"invalid group {key[:40]!r}: a group is 16 hex digits, as relay dead list --group shows")
+    n = int(key, 16)
+    return n - (1 << 64) if n >= 1 << 63 else n
 
 
 @dataclass(frozen=True)
 class DeadGroup:
-    """Dead messages whose errors differ only in numbers, ids and quoted values."""
+    """Dead messages whose errors differ only in numbers, ids and quoted values (the SQL
+    function <table>_fingerprint, migration 0014)."""
 
-    key: str  # stable short hash of the fingerprint: `relay dead retry --group KEY`
+    key: str  # `relay dead retry --group KEY`
     fingerprint: str
     count: int
     blocking: int  # how many of them hold up an ordered aggregate
-    event_types: tuple[str, ...]
+    event_types: tuple[str, ...]  # among its first 100 messages
     first_id: int
     last_id: int
-    sample_error: str | None
-    ids: tuple[int, ...] = field(repr=False)
+    sample_error: str | None  # the last message's error, its first 2,000 characters
+    sample_length: int  # that error's whole length
+
+
+@dataclass(frozen=True)
+class DeadGroups:
+    """One page of groups, largest first, and how many there are in all."""
+
+    groups: tuple[DeadGroup, ...]
+    total_groups: int
+    total: int  # dead messages in all the groups
+    page: int  # 1-based
+    per_page: int
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total_groups // self.per_page))
+
+
+def _group(r: queries.GroupRow) -> DeadGroup:
+    return DeadGroup(
+        key=key_of(r.group),
+        fingerprint=r.fingerprint,
+        count=r.count,
+        blocking=r.blocking,
+        event_types=r.event_types,
+        first_id=r.first_id,
+        last_id=r.last_id,
+        sample_error=r.sample_error,
+        sample_length=r.sample_length,
+    )
 
 
 @dataclass(frozen=True)
@@ -77,39 +122,6 @@ class WriteResult:
         return not self.dry_run and not self.refused
 
 
-# Error-text normalisation for grouping: the parts of a message that vary per message
-# (quoted values, ids, numbers) are replaced, so "order 41 is too large (262211 bytes)" and
-# "order 42 is too large (300002 bytes)" fall into one group. Applied in this order:
-# quoted text first (it may contain anything), then id shapes, then bare numbers.
-_NORMALISE: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"'(?:[^'\\]|\\.)*'"), "'?'"),
-    (re.compile(r'"(?:[^"\\]|\\.)*"'), '"?"'),
-    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I), "<uuid>"),
-    (re.compile(r"\b0x[0-9a-f]+\b", re.I), "<hex>"),
-    # Long hex runs (request ids, digests) that contain at least one digit: "deadbeef" the
-    # word stays, "9f86d081884c7d65" goes.
-    (re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b", re.I), "<hex>"),
-    (re.compile(r"\d+(?:\.\d+)?"), "<n>"),
-    (re.compile(r"\s+"), " "),
-)
-FINGERPRINT_MAX = 160  # characters: enough to tell errors apart, short enough for one line
-
-
-def fingerprint(error: str | None) -> str:
-    """``error`` with its varying parts replaced (first line only), for grouping."""
-    if not error or not error.strip():
-        return "(no error recorded)"
-    text = first_line(error)
-    for pattern, replacement in _NORMALISE:
-        text = pattern.sub(replacement, text)
-    return text.strip()[:FINGERPRINT_MAX]
-
-
-def group_key(error: str | None) -> str:
-    """The stable 8-hex-digit key of ``error``'s fingerprint."""
-    return hashlib.sha256(fingerprint(error).encode()).hexdigest()[:8]
-
-
 def default_operator() -> str:
     """``user@host`` of whoever runs the command, recorded with every re-drive and skip."""
     try:
@@ -124,32 +136,21 @@ async def list_dead(conn: Conn, names: OutboxNames, flt: DeadFilter, *, limit: i
     return await queries.dead_list(conn, names, flt, limit)
 
 
-async def group_dead(conn: Conn, names: OutboxNames, flt: DeadFilter) -> tuple[DeadGroup, ...]:
-    """Dead messages matching ``flt`` grouped by error fingerprint, largest group first."""
-    page = await list_dead(conn, names, flt)
-    return group_messages(page.messages)
+async def group_dead(
+    conn: Conn, names: OutboxNames, flt: DeadFilter, *, page: int = 1, per_page: int = GROUPS_PER_PAGE
+) -> DeadGroups:
+    """One page of the dead messages matching ``flt`` grouped by error, largest group
+    first: grouped and counted in SQL, whatever their number."""
+    found = await queries.dead_groups(
+        conn, names, flt, group=None, limit=per_page, offset=(max(page, 1) - 1) * per_page
+    )
+    return DeadGroups(tuple(_group(g) for g in found.groups), found.total_groups, found.total, max(page, 1), per_page)
 
 
-def group_messages(messages: Sequence[DeadMessage]) -> tuple[DeadGroup, ...]:
-    """Group ``messages`` by :func:`group_key` of their last error."""
-    buckets: dict[str, list[DeadMessage]] = {}
-    for m in messages:
-        buckets.setdefault(group_key(m.last_error), []).append(m)
-    groups = [
-        DeadGroup(
-            key=key,
-            fingerprint=fingerprint(ms[0].last_error),
-            count=len(ms),
-            blocking=sum(m.blocking for m in ms),
-            event_types=tuple(sorted({m.event_type for m in ms})),
-            first_id=ms[0].id,
-            last_id=ms[-1].id,
-            sample_error=ms[-1].last_error,
-            ids=tuple(m.id for m in ms),
-        )
-        for key, ms in buckets.items()
-    ]
-    return tuple(sorted(groups, key=lambda g: (-g.count, g.first_id)))
+async def one_group(conn: Conn, names: OutboxNames, key: str, flt: DeadFilter) -> DeadGroup | None:
+    """The group ``key`` of the dead messages matching ``flt``; None when none is in it."""
+    found = await queries.dead_groups(conn, names, flt, group=group_of(key), limit=1, offset=0)
+    return _group(found.groups[0]) if found.groups else None
 
 
 async def select_ids(conn: Conn, names: OutboxNames, flt: DeadFilter, group: str | None = None) -> list[int]:
@@ -157,8 +158,7 @@ async def select_ids(conn: Conn, names: OutboxNames, flt: DeadFilter, group: str
 
     An empty match is a ConfigError naming the filter, so a write never silently does nothing.
     """
-    page = await list_dead(conn, names, flt)
-    ids = [m.id for m in page.messages if group is None or group_key(m.last_error) == group]
+    ids = await queries.dead_ids(conn, names, flt, group=None if group is None else group_of(group), limit=None)
     if not ids:
         what = flt.describe()
         if group is not None:

@@ -9,7 +9,7 @@ Nothing here decides anything: no verdicts, no refusals, no text for people.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
@@ -346,6 +346,73 @@ async def dead_list(conn: Conn, names: OutboxNames, flt: DeadFilter, limit: int 
     return DeadPage(at=rows[0]["now"] if rows else None, messages=messages, total=int(rows[0]["total"]) if rows else 0)
 
 
+@dataclass(frozen=True)
+class GroupRow:
+    """One group of dead messages as dead_groups counts it (sql/ops.sql)."""
+
+    group: int  # dead_group, a signed 64-bit key
+    count: int
+    first_id: int
+    last_id: int
+    fingerprint: str
+    sample_error: str | None  # the first 2,000 characters of the last message's error
+    sample_length: int  # the whole error's length
+    event_types: tuple[str, ...]  # among the group's first 100 messages
+    blocking: int
+
+
+@dataclass(frozen=True)
+class GroupsPage:
+    groups: tuple[GroupRow, ...]
+    total_groups: int  # how many groups matched, on every page
+    total: int  # how many dead messages they hold
+
+
+async def dead_groups(
+    conn: Conn, names: OutboxNames, flt: DeadFilter, *, group: int | None, limit: int, offset: int
+) -> GroupsPage:
+    """One page of the groups of dead messages matching ``flt``, largest first."""
+    rows = await _all(conn, names, "dead_groups", {**flt.params(), "group": group, "limit": limit, "offset": offset})
+    groups = tuple(
+        GroupRow(
+            group=r["dead_group"],
+            count=r["n"],
+            first_id=r["first_id"],
+            last_id=r["last_id"],
+            fingerprint=_masked(r["fingerprint"]) or "",
+            sample_error=_masked(r["sample_error"]),
+            sample_length=r["sample_length"] or 0,
+            event_types=tuple(r["event_types"]),
+            blocking=r["blocking"],
+        )
+        for r in rows
+    )
+    total_groups = int(rows[0]["groups"]) if rows else 0
+    total = int(rows[0]["total"]) if rows else 0
+    if not rows and offset:
+        # Past the last page: count what there is, so the page can say so.
+        first = await _all(conn, names, "dead_groups", {**flt.params(), "group": group, "limit": 1, "offset": 0})
+        total_groups = int(first[0]["groups"]) if first else 0
+        total = int(first[0]["total"]) if first else 0
+    return GroupsPage(groups, total_groups, total)
+
+
+async def dead_ids(
+    conn: Conn, names: OutboxNames, flt: DeadFilter, *, group: int | None, limit: int | None
+) -> list[int]:
+    """Ids of the dead messages matching ``flt`` (in ``group`` when given), in id order."""
+    rows = await _all(conn, names, "dead_ids", {**flt.params(), "group": group, "limit": limit})
+    return [r["id"] for r in rows]
+
+
+async def dead_group_page(
+    conn: Conn, names: OutboxNames, flt: DeadFilter, *, group: int, after: int, limit: int
+) -> tuple[DeadMessage, ...]:
+    """``limit`` dead messages of ``group`` matching ``flt`` with ids above ``after``."""
+    params = {**flt.params(), "group": group, "after": after, "limit": limit}
+    return tuple(DeadMessage.from_row(r) for r in await _all(conn, names, "dead_group_page", params))
+
+
 async def dead_lock(conn: Conn, names: OutboxNames, ids: Sequence[int]) -> list[LockedRow]:
     """Lock the rows ``ids`` (those that exist) in id order, FOR UPDATE."""
     return [LockedRow.from_row(r) for r in await _all(conn, names, "dead_lock", {"ids": list(ids)})]
@@ -401,7 +468,8 @@ class MessageDetail:
     aggregate_type: str
     aggregate_id: str
     event_type: str
-    payload: str  # the JSON text as stored
+    payload: str  # the JSON text as stored, its first 1,024 characters
+    payload_length: int  # the whole text's length, in characters
     headers: str | None
     created_at: datetime
     status: str
@@ -410,7 +478,8 @@ class MessageDetail:
     lease_owner: str | None
     lease_until: datetime | None
     lease_version: int
-    last_error: str | None
+    last_error: str | None  # its first 8,192 characters
+    last_error_length: int | None
     done_at: datetime | None
     ordered: bool
     aggregate_seq: int | None
@@ -425,6 +494,25 @@ class MessageDetail:
     @classmethod
     def from_row(cls, r: Row) -> MessageDetail:
         return cls(**_fields_masked(r))
+
+
+async def event_types_top(conn: Conn, names: OutboxNames, limit: int) -> tuple[list[EventTypeRow], int]:
+    """status_by_event_type's rows for the ``limit`` event types with the most unfinished
+    rows, and how many event types have unfinished rows in all."""
+    rows = await _all(conn, names, "console_event_types", {"limit": limit})
+    return [EventTypeRow.from_row(r) for r in rows], int(rows[0]["types"]) if rows else 0
+
+
+async def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int, size: int) -> AsyncIterator[bytes]:
+    """A payload's JSON text, UTF-8, in parts of ``size`` bytes, read one part at a time
+    through a server-side cursor (inside a transaction of its own); nothing when there is
+    no such row."""
+    async with conn.transaction():
+        cur = conn.cursor(name=f"payload_{outbox_id}")
+        cur.itersize = 1
+        await cur.execute(ops_query(names, "console_payload_parts"), {"id": outbox_id, "size": size})
+        async for (part,) in cur:
+            yield bytes(part)
 
 
 async def message_detail(conn: Conn, names: OutboxNames, outbox_id: int) -> MessageDetail | None:

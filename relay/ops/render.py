@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from relay.durations import age_text, format_duration
-from relay.ops.deadletters import DeadGroup, WriteResult
+from relay.ops.deadletters import DeadGroups, WriteResult
 from relay.ops.explain import Explanation
 from relay.ops.prune import HeadsResult, PruneResult
 from relay.ops.queries import DeadFilter, DeadPage, WakeupStatus
@@ -238,10 +238,17 @@ def _lease(e: Explanation) -> str:
 # ---- relay dead
 
 
+# Refused ids a refusal line names; the rest are counted (two operators re-driving one
+# group of 5,000 at once made the loser print every id on one 150 kB line).
+REFUSED_SHOWN = 20
+
+
 def refusal_line(result: WriteResult) -> str:
-    """One line naming every refused id, for the CLI's error exit."""
-    reasons = "; ".join(f"{r.id}: {r.reason}" for r in result.refused)
-    return f"refused to {result.action} (nothing changed): {reasons}"
+    """One line naming the first refused ids and counting the rest, for the CLI's error exit."""
+    reasons = "; ".join(f"{r.id}: {r.reason}" for r in result.refused[:REFUSED_SHOWN])
+    more = len(result.refused) - REFUSED_SHOWN
+    tail = f"; and {more:,} more ({len(result.refused):,} refused)" if more > 0 else ""
+    return f"refused to {result.action} (nothing changed): {reasons}{tail}"
 
 
 def render_write(result: WriteResult) -> str:
@@ -293,9 +300,11 @@ def render_list(page: DeadPage, flt: DeadFilter) -> str:
     return out
 
 
-def render_groups(groups: Sequence[DeadGroup], flt: DeadFilter) -> str:
-    """`relay dead list --group`: one line per error fingerprint."""
-    if not groups:
+def render_groups(view: DeadGroups, flt: DeadFilter) -> str:
+    """`relay dead list --group`: one line per error fingerprint, one page of groups."""
+    if not view.groups:
+        if view.total_groups:
+            return f"no page {view.page}: {view.total_groups:,} groups fill {view.pages:,} pages"
         return "no dead messages" if flt.is_empty() else f"no dead messages match {flt.describe()}"
     rows = [
         (
@@ -306,15 +315,16 @@ def render_groups(groups: Sequence[DeadGroup], flt: DeadFilter) -> str:
             f"{g.first_id}..{g.last_id}" if g.first_id != g.last_id else str(g.first_id),
             escape(g.fingerprint),
         )
-        for g in groups
+        for g in view.groups
     ]
     header = ("GROUP", "COUNT", "BLOCKING", "EVENT TYPES", "IDS", "ERROR FINGERPRINT")
-    total = sum(g.count for g in groups)
-    return (
-        table(header, rows, right=(1, 2))
-        + f"\n{total:,} dead messages in {len(groups):,} groups;"
-        + " re-drive one with `relay dead retry --group GROUP`"
+    out = table(header, rows, right=(1, 2)) + (
+        f"\n{view.total:,} dead messages in {view.total_groups:,} groups;"
+        " re-drive one with `relay dead retry --group GROUP`"
     )
+    if view.pages > 1:
+        out += f"\npage {view.page:,} of {view.pages:,} ({view.per_page} groups a page): --page N for another"
+    return out
 
 
 # ---- relay prune
