@@ -141,6 +141,6 @@ class Relay:
 
 
 def _max_fields(broker: str) -> int | None:
-    from adapters.registry import max_envelope_fields
+    from relay.adapters.registry import max_envelope_fields
 
     return max_envelope_fields(broker)

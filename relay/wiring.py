@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.registry import broker_options, create_publisher
+from relay.adapters.registry import broker_options, create_publisher
 from relay.config import CORE_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS
 from relay.contract import Publisher, PublishLimits
 from relay.routes import ROUTES_OPTION, Router, default_destination, parse_routes, shown_destination

@@ -35,13 +35,13 @@ from typing import Any, ClassVar, Literal
 import boto3
 import pytest
 
-from adapters.aws.entries import LEFT_OUT as AWS_LEFT_OUT
-from adapters.log import LogPublisher
-from adapters.memory import InMemoryPublisher
-from adapters.sns.publisher import SnsPublisher
-from adapters.sns.settings import SnsSettings
-from adapters.sqs.publisher import SqsPublisher
-from adapters.sqs.settings import SqsSettings
+from relay.adapters.aws.entries import LEFT_OUT as AWS_LEFT_OUT
+from relay.adapters.log import LogPublisher
+from relay.adapters.memory import InMemoryPublisher
+from relay.adapters.sns.publisher import SnsPublisher
+from relay.adapters.sns.settings import SnsSettings
+from relay.adapters.sqs.publisher import SqsPublisher
+from relay.adapters.sqs.settings import SqsSettings
 from relay.contract import Publisher
 from relay.errors import PermanentError
 from relay.message import OutboxMessage

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from adapters.sqs import SqsSettings
-from adapters.sqs.publisher import SqsPublisher
+from relay.adapters.sqs import SqsSettings
+from relay.adapters.sqs.publisher import SqsPublisher
 from relay.config import START_OPTIONS, RelaySettings
 from relay.contract import Outcome, Publisher
 from relay.errors import ConfigError

@@ -72,7 +72,7 @@ def test_the_relays_fields_win_in_the_envelope() -> None:
 
 
 def test_more_attributes_than_aws_allows_is_permanent_for_that_message() -> None:
-    from adapters.aws.entries import MAX_ATTRIBUTES, attributes, check
+    from relay.adapters.aws.entries import MAX_ATTRIBUTES, attributes, check
     from relay.errors import PermanentError
 
     identity = {"event_id": "4d1f0e1e-8f7e-4d3c-9a5b-2f7a8c6d9e10", "aggregate_epoch": "1.1.0a1b2c3d"}

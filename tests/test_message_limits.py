@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from adapters.aws.entries import MAX_ATTRIBUTES, check
-from adapters.rabbitmq.envelope import build
-from adapters.rabbitmq.settings import RabbitSettings
+from relay.adapters.aws.entries import MAX_ATTRIBUTES, check
+from relay.adapters.rabbitmq.envelope import build
+from relay.adapters.rabbitmq.settings import RabbitSettings
 from relay.errors import NoRoomForReplayMarker, PermanentError
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from adapters.memory import STALL, InMemoryPublisher
+from relay.adapters.memory import STALL, InMemoryPublisher
 from relay import BrokerUnavailable, Defer, PermanentError, RetryableError
 from relay.backoff import Backoff
 from relay.store import OutboxStore

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from adapters.memory import STALL, InMemoryPublisher
+from relay.adapters.memory import STALL, InMemoryPublisher
 from relay import BrokerUnavailable
 from relay.breaker import CircuitBreaker
 from relay.sqlnames import OutboxNames

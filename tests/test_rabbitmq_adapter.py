@@ -18,10 +18,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from adapters.rabbitmq import OPTIONS, create
-from adapters.rabbitmq.publisher import RabbitPublisher
-from adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
-from adapters.rabbitmq.unroutable import MAX_KEYS, UnroutableKeys
+from relay.adapters.rabbitmq import OPTIONS, create
+from relay.adapters.rabbitmq.publisher import RabbitPublisher
+from relay.adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
+from relay.adapters.rabbitmq.unroutable import MAX_KEYS, UnroutableKeys
 from relay.contract import DestinationCheck, DestinationState, Outcome
 from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable, PermanentError, RetryableError
 from relay.message import OutboxMessage
@@ -148,7 +148,7 @@ async def test_unroutable_waits_per_routing_key_without_pausing_the_others_and_f
     rabbit: Rabbit, caplog: pytest.LogCaptureFixture
 ) -> None:
     exchange = await rabbit.exchange("topic")
-    caplog.set_level(logging.INFO, logger="adapters.rabbitmq")
+    caplog.set_level(logging.INFO, logger="relay.adapters.rabbitmq")
     publisher = await rabbit.publisher(exchange=exchange, routing_key="{aggregate_type}.{event_type}")
     placed = await rabbit.queue(bind=(exchange, "order.OrderPlaced"))
 
@@ -190,8 +190,8 @@ async def test_unroutable_waits_per_routing_key_without_pausing_the_others_and_f
 
 def test_held_keys_are_probed_one_at_a_time_backing_off_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
-    keys = UnroutableKeys(logging.getLogger("adapters.rabbitmq"), "exchange 'x' at amqp://u@h/", clock=lambda: now[0])
-    caplog.set_level(logging.INFO, logger="adapters.rabbitmq")
+    keys = UnroutableKeys(logging.getLogger("relay.adapters.rabbitmq"), "exchange 'x' at amqp://u@h/", clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="relay.adapters.rabbitmq")
     first = keys.returned("a", "unroutable")
     assert keys.is_held("a") and first.retry_after == timedelta(seconds=0.5)
     assert not keys.take_probe("a")  # not yet due
@@ -396,7 +396,7 @@ async def test_broker_unreachable_refuses_every_message_without_waiting_and_deli
     rabbit: Rabbit, proxy: TcpProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
     queue = await rabbit.queue()
-    caplog.set_level(logging.INFO, logger="adapters.rabbitmq")
+    caplog.set_level(logging.INFO, logger="relay.adapters.rabbitmq")
     publisher = await rabbit.publisher(url=proxy.url(rabbit.amqp.url), routing_key=queue)
     assert await publisher.publish([outbox_message()]) == [None]
 
@@ -414,7 +414,7 @@ async def test_broker_unreachable_refuses_every_message_without_waiting_and_deli
     assert took < 5, f"delivery resumed only after {took:.1f}s"
     assert all(isinstance(f, BrokerUnavailable) for f in failures), failures
 
-    refused = [r for r in caplog.records if r.name == "adapters.rabbitmq" and r.levelno == logging.ERROR]
+    refused = [r for r in caplog.records if r.name == "relay.adapters.rabbitmq" and r.levelno == logging.ERROR]
     assert len(refused) == 1, [r.getMessage() for r in refused]
     assert "unreachable" in refused[0].getMessage()
     assert any("delivery resumed" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
@@ -485,13 +485,13 @@ async def test_missing_exchange_refuses_every_message_logs_once_and_delivery_sta
     rabbit: Rabbit, caplog: pytest.LogCaptureFixture
 ) -> None:
     name = unique("ex")  # not declared yet
-    caplog.set_level(logging.INFO, logger="adapters.rabbitmq")
+    caplog.set_level(logging.INFO, logger="relay.adapters.rabbitmq")
     publisher = await rabbit.publisher(exchange=name, routing_key="{event_type}")  # start does not fail
     for _ in range(3):
         outcomes = await publisher.publish([outbox_message(), outbox_message()])
         assert kinds(outcomes) == ["BrokerUnavailable"] * 2
         assert f"exchange '{name}' not found in vhost '/'" in str(outcomes[0])
-    errors = [r.getMessage() for r in caplog.records if r.name == "adapters.rabbitmq" and r.levelno >= logging.ERROR]
+    errors = [r.getMessage() for r in caplog.records if r.name == "relay.adapters.rabbitmq" and r.levelno >= logging.ERROR]
     assert len(errors) == 1, errors
     assert f"'{name}'" in errors[0] and "NOT_FOUND" in errors[0]
 
@@ -503,7 +503,7 @@ async def test_missing_exchange_refuses_every_message_logs_once_and_delivery_sta
     # Deleted while the relay runs: every message refused again, one more error line.
     await rabbit.delete_exchange(name)
     assert kinds(await publisher.publish([outbox_message()])) == ["BrokerUnavailable"]
-    errors = [r.getMessage() for r in caplog.records if r.name == "adapters.rabbitmq" and r.levelno >= logging.ERROR]
+    errors = [r.getMessage() for r in caplog.records if r.name == "relay.adapters.rabbitmq" and r.levelno >= logging.ERROR]
     assert len(errors) == 2
     assert await rabbit.count(queue) == 1
 
@@ -637,5 +637,5 @@ def test_routing_key_template_and_default_confirm_timeout() -> None:
 
 def test_reading_the_options_does_not_import_aio_pika() -> None:
     # `relay --help` and the other brokers read every broker's options.
-    code = "import sys, adapters.rabbitmq; assert 'aio_pika' not in sys.modules, 'aio_pika imported'"
+    code = "import sys, relay.adapters.rabbitmq; assert 'aio_pika' not in sys.modules, 'aio_pika imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 import pytest
 
-from adapters.rabbitmq.blocked import Blocking, alarm_kind
+from relay.adapters.rabbitmq.blocked import Blocking, alarm_kind
 from relay.errors import BrokerUnavailable
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db

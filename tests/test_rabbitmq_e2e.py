@@ -156,7 +156,7 @@ async def test_a_missing_exchange_never_stops_relay_start_and_delivery_begins_on
     attempts = {row["attempts"] for row in await asyncio.to_thread(db.rows)}
     assert attempts == {1}, "waiting for the exchange must not spend attempts"
     errors = [line for line in process.stderr().splitlines() if " ERROR " in line]
-    ours = [line for line in errors if "adapters.rabbitmq:" in line]
+    ours = [line for line in errors if "relay.adapters.rabbitmq:" in line]
     assert len(ours) == 1, errors  # one line for the outage, not one per batch or message
     assert f"exchange '{name}' not found" in ours[0]
     # The start-up check said it once before any publish; the core's circuit breaker
@@ -165,7 +165,7 @@ async def test_a_missing_exchange_never_stops_relay_start_and_delivery_begins_on
     assert len(checked) == 1 and f"destination exchange '{name}' in vhost '/'" in checked[0], errors
     assert "missing: NOT_FOUND" in checked[0]
     assert all(
-        "adapters.rabbitmq:" in line or "relay.breaker:" in line or "relay.readiness:" in line for line in errors
+        "relay.adapters.rabbitmq:" in line or "relay.breaker:" in line or "relay.readiness:" in line for line in errors
     ), errors
     where = f"amqp://guest@{rabbit.amqp.host}:{rabbit.amqp.port}/"
     assert f"destination exchange '{name}' in vhost '/' at {where} is there now" in process.stderr()

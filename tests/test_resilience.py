@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters.memory import STALL, InMemoryPublisher
+from relay.adapters.memory import STALL, InMemoryPublisher
 from relay import BrokerUnavailable
 from relay.breaker import CircuitBreaker
 from relay.runner import run_relay

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters.memory import InMemoryPublisher
+from relay.adapters.memory import InMemoryPublisher
 from relay import runner
 from relay.config import CORE_OPTIONS, START_OPTIONS
 from relay.errors import ConfigError

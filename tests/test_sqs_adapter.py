@@ -20,9 +20,9 @@ import boto3
 import pytest
 from botocore.exceptions import ParamValidationError
 
-from adapters.aws.entries import group_id
-from adapters.sqs import OPTIONS, SqsSettings, create
-from adapters.sqs.publisher import SqsPublisher
+from relay.adapters.aws.entries import group_id
+from relay.adapters.sqs import OPTIONS, SqsSettings, create
+from relay.adapters.sqs.publisher import SqsPublisher
 from relay.contract import DestinationState
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
 from relay.options import resolve
@@ -576,7 +576,7 @@ async def test_missing_queue_is_an_outage_reported_once_and_used_as_soon_as_it_e
     sqs_client: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="adapters.sqs")
+    caplog.set_level(logging.INFO, logger="relay.adapters.sqs")
     name = unique_queue_name(fifo=True)
     url = queue_url(moto_endpoint, name)
     p = await publisher(url)  # start does not fail for it
@@ -584,7 +584,7 @@ async def test_missing_queue_is_an_outage_reported_once_and_used_as_soon_as_it_e
         outcomes = await p.publish([msg(1), msg(2, "b")])
         assert_all(outcomes, BrokerUnavailable)
         assert url in str(outcomes[0]) and "NonExistentQueue" in str(outcomes[0])
-    errors = [r for r in caplog.records if r.name == "adapters.sqs" and r.levelno >= logging.ERROR]
+    errors = [r for r in caplog.records if r.name == "relay.adapters.sqs" and r.levelno >= logging.ERROR]
     assert len(errors) == 1 and url in errors[0].getMessage()
 
     sqs_client.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})

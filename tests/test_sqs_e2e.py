@@ -12,8 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from adapters.sqs import SqsSettings
-from adapters.sqs.publisher import SqsPublisher
+from relay.adapters.sqs import SqsSettings
+from relay.adapters.sqs.publisher import SqsPublisher
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
 from tests.conftest import Db

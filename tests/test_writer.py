@@ -22,11 +22,7 @@ from pydantic import BaseModel
 from relay import Event, NotInTransaction, Outbox, to_json
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
-
-
-def sqlalchemy_url(dsn: str, *, driver: str = "psycopg") -> str:
-    d = conninfo_to_dict(dsn)
-    return f"postgresql+{driver}://{d['user']}@{d.get('host', '127.0.0.1')}:{d.get('port', 5432)}/{d['dbname']}"
+from tests.helpers import sqlalchemy_url
 
 
 def rows(db: Db) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pamqp import commands as spec
 from pamqp.common import FieldValue
 
-from adapters.rabbitmq.settings import RabbitSettings
+from relay.adapters.rabbitmq.settings import RabbitSettings
 from relay.errors import PermanentError
 from relay.message import OutboxMessage
 

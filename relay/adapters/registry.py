@@ -15,7 +15,7 @@ from relay.errors import ConfigError
 from relay.options import Option
 
 # broker name -> module under adapters/ that defines OPTIONS and create(values, limits)
-_MODULES = {name: f"adapters.{name}" for name in BROKERS}
+_MODULES = {name: f"relay.adapters.{name}" for name in BROKERS}
 # The SDK each broker needs, and the package extra that installs it
 # (pip install 'outbox-relay[rabbitmq]'): the base installation has none of them.
 _SDKS = {
