@@ -7,9 +7,8 @@ proposes nothing for them."""
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import engine_from_config, pool
-
 from myservice.models import Base  # type: ignore[import-not-found]  # your models' metadata
+from sqlalchemy import engine_from_config, pool
 
 # The --table names given to `relay migrate` and relay.Inbox (their defaults here).
 RELAY_TABLES = ("outbox", "inbox")

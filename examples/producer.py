@@ -56,9 +56,8 @@ async def _place(session: AsyncSession, order: NewOrder) -> int:
     [order_id] = (
         await session.execute(text("INSERT INTO orders (amount) VALUES (:a) RETURNING id"), {"a": order.amount})
     ).one()
-    await outbox.add_async(
-        session, Event("order", str(order_id), "OrderPlaced", {"order_id": order_id, "amount": order.amount, "version": 1})
-    )
+    placed = {"order_id": order_id, "amount": order.amount, "version": 1}
+    await outbox.add_async(session, Event("order", str(order_id), "OrderPlaced", placed))
     return int(order_id)
 
 

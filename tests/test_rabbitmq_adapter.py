@@ -190,7 +190,9 @@ async def test_unroutable_waits_per_routing_key_without_pausing_the_others_and_f
 
 def test_held_keys_are_probed_one_at_a_time_backing_off_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
-    keys = UnroutableKeys(logging.getLogger("relay.adapters.rabbitmq"), "exchange 'x' at amqp://u@h/", clock=lambda: now[0])
+    keys = UnroutableKeys(
+        logging.getLogger("relay.adapters.rabbitmq"), "exchange 'x' at amqp://u@h/", clock=lambda: now[0]
+    )
     caplog.set_level(logging.INFO, logger="relay.adapters.rabbitmq")
     first = keys.returned("a", "unroutable")
     assert keys.is_held("a") and first.retry_after == timedelta(seconds=0.5)
@@ -491,7 +493,9 @@ async def test_missing_exchange_refuses_every_message_logs_once_and_delivery_sta
         outcomes = await publisher.publish([outbox_message(), outbox_message()])
         assert kinds(outcomes) == ["BrokerUnavailable"] * 2
         assert f"exchange '{name}' not found in vhost '/'" in str(outcomes[0])
-    errors = [r.getMessage() for r in caplog.records if r.name == "relay.adapters.rabbitmq" and r.levelno >= logging.ERROR]
+    errors = [
+        r.getMessage() for r in caplog.records if r.name == "relay.adapters.rabbitmq" and r.levelno >= logging.ERROR
+    ]
     assert len(errors) == 1, errors
     assert f"'{name}'" in errors[0] and "NOT_FOUND" in errors[0]
 
@@ -503,7 +507,9 @@ async def test_missing_exchange_refuses_every_message_logs_once_and_delivery_sta
     # Deleted while the relay runs: every message refused again, one more error line.
     await rabbit.delete_exchange(name)
     assert kinds(await publisher.publish([outbox_message()])) == ["BrokerUnavailable"]
-    errors = [r.getMessage() for r in caplog.records if r.name == "relay.adapters.rabbitmq" and r.levelno >= logging.ERROR]
+    errors = [
+        r.getMessage() for r in caplog.records if r.name == "relay.adapters.rabbitmq" and r.levelno >= logging.ERROR
+    ]
     assert len(errors) == 2
     assert await rabbit.count(queue) == 1
 

@@ -4,13 +4,18 @@ typed, and per-broker extras: with only `outbox-relay[rabbitmq]` installed, `rel
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import uuid
 import venv
 import zipfile
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,5 +70,27 @@ def test_a_venv_with_only_the_rabbitmq_extra(wheel: Path, tmp_path: Path, pg_dsn
     assert sqs.returncode == 2, sqs.stderr
     lines = sqs.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'outbox-relay[sqs]'" in lines[0], sqs.stderr
-    help_text = subprocess.run([str(relay), "start", "--help"], capture_output=True, text=True, timeout=60)
-    assert help_text.returncode == 0 and "--amqp-url" in help_text.stdout
+    # And the broker it was installed for runs: migrate an outbox, start, stop on SIGTERM.
+    schema = f"w_{uuid.uuid4().hex[:10]}"
+    common = ("--dsn", pg_dsn, "--schema", schema)
+    migrated = subprocess.run([str(relay), "migrate", *common], capture_output=True, text=True, timeout=60)
+    assert migrated.returncode == 0, migrated.stderr
+    amqp = os.environ.get("RELAY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+    started = subprocess.Popen(
+        [str(relay), "start", *common, "--broker", "rabbitmq", "--amqp-url", amqp, "--exchange", "amq.topic"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert started.stderr is not None
+        lines = []
+        for line in started.stderr:
+            lines.append(line)
+            if "relay started" in line:
+                break
+        assert any("relay started" in line for line in lines), "".join(lines)
+        started.send_signal(signal.SIGTERM)
+        assert started.wait(timeout=30) == 0
+    finally:
+        started.kill()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
