@@ -20,7 +20,8 @@ from tests.pg_clusters import ClusterPair, _run
 from tests.rabbitmq_broker import Rabbit
 from tests.relay_process import wait_until_async
 
-pytestmark = pytest.mark.faults  # real clusters, stopped and promoted: alone, after the rest
+# Real clusters, stopped and promoted: alone, after the rest, in make test-all and test-faults.
+pytestmark = [pytest.mark.faults, pytest.mark.extended]
 
 NAMES = OutboxNames(schema="public", table="outbox")
 
