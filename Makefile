@@ -104,6 +104,7 @@ bench: venv
 	$(BIN)/python scripts/bench_producer.py
 	$(BIN)/python scripts/bench_scale.py $(BENCH_SCALE_ARGS)
 	$(BIN)/python scripts/bench_replay.py $(BENCH_REPLAY_ARGS)
+	$(BIN)/python scripts/bench_api.py
 
 bench-rabbitmq: venv
 	$(BIN)/python scripts/bench_rabbitmq.py
