@@ -1,17 +1,68 @@
 """outbox-relay: delivers transactional-outbox rows from PostgreSQL to a message broker.
 
-The failure classes a publisher sorts outcomes into are importable from here.
+The public API, and the only names with a promise (everything else is private):
+
+* writing events in the application's transaction: :class:`Outbox`, :class:`Event`,
+  :func:`to_json`;
+* receiving them exactly once: :class:`Inbox`, :class:`Received`, :class:`OutOfOrder`
+  and the ``received_from_*`` helpers;
+* running the relay in the application's own event loop: :class:`Relay`;
+* the failure classes a publisher sorts outcomes into, and :class:`OutboxMessage`.
 """
 
-from relay.errors import BrokerUnavailable, ConfigError, Defer, NoRoomForReplayMarker, PermanentError, RetryableError
+from typing import TYPE_CHECKING, Any
+
+from relay._transactions import NotInTransaction
+from relay.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    Defer,
+    NoRoomForReplayMarker,
+    PermanentError,
+    RetryableError,
+)
+from relay.inbox import (
+    Inbox,
+    OutOfOrder,
+    Received,
+    received_from_aio_pika,
+    received_from_sns,
+    received_from_sqs,
+)
 from relay.message import OutboxMessage
+from relay.writer import Event, Outbox, to_json
+
+if TYPE_CHECKING:
+    from relay.embed import Relay
+
+
+def __getattr__(name: str) -> Any:
+    # Relay wires the core to the broker adapters: imported when asked for, so that a
+    # producer that only writes events never loads them.
+    if name == "Relay":
+        from relay.embed import Relay
+
+        return Relay
+    raise AttributeError(f"module 'relay' has no attribute {name!r}")
+
 
 __all__ = [
     "BrokerUnavailable",
     "ConfigError",
     "Defer",
+    "Event",
+    "Inbox",
     "NoRoomForReplayMarker",
+    "NotInTransaction",
+    "OutOfOrder",
+    "Outbox",
     "OutboxMessage",
     "PermanentError",
+    "Received",
+    "Relay",
     "RetryableError",
+    "received_from_aio_pika",
+    "received_from_sns",
+    "received_from_sqs",
+    "to_json",
 ]

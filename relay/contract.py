@@ -1,7 +1,7 @@
 """The publisher contract: what the core asks of every broker adapter, and what it tells
 one when it builds it.
 
-The core owns this contract; adapters (``adapters/``) import it, never the reverse. The
+The core owns this contract; adapters (``relay/adapters/``) import it, never the reverse. The
 core reaches a concrete adapter only through :mod:`adapters.registry`, which the CLI calls.
 """
 
@@ -53,7 +53,7 @@ class Publisher(Protocol):
     async def close(self) -> None: ...
 
 
-# The brokers `--broker` accepts. Each is the adapter module of that name under adapters/
+# The brokers `--broker` accepts. Each is the adapter module of that name under relay/adapters/
 # (adapters.registry imports it when it is chosen); adding a broker adds its name here.
 BROKERS = ("sqs", "sns", "rabbitmq", "log")
 

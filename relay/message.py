@@ -35,6 +35,15 @@ class OutboxMessage:
     # Set on a message `relay replay` sends again: the replay's run id, carried as the
     # ``replay`` header so consumers can tell a re-publication from the first delivery.
     replay: str | None = None
+    # The event's identity (0015): a UUID, random, never handed out twice, not even by a
+    # new primary after a failover that lost transactions (``id`` and ``aggregate_seq``
+    # can be). Set on every claimed or replayed row; None only where a message is made by
+    # hand.
+    event_id: str | None = None
+    # The epoch of ``aggregate_seq`` ('<timeline>.<first seq>.<token>'): numbers are
+    # gapless within one epoch; a new one starts where the aggregate's counter starts
+    # again. Ordered messages numbered since 0015 only.
+    aggregate_epoch: str | None = None
 
     def payload(self) -> Any:
         """The payload decoded from JSON (tests and simple publishers)."""
@@ -53,8 +62,12 @@ class OutboxMessage:
             "attempt": self.attempt,
             "lease_version": self.lease_version,
         }
+        if self.event_id is not None:
+            fields["event_id"] = self.event_id
         if self.aggregate_seq is not None:
             fields["aggregate_seq"] = self.aggregate_seq
+        if self.aggregate_epoch is not None:
+            fields["aggregate_epoch"] = self.aggregate_epoch
         if self.replay is not None:
             fields["replay"] = self.replay
         if self.headers:
@@ -66,10 +79,13 @@ class OutboxMessage:
     @property
     def dedup_id(self) -> str:
         """The de-duplication id for brokers that collapse resends themselves (SQS and SNS
-        FIFO's MessageDeduplicationId): the outbox id, and for a replay the run id beside
-        it, so that a replay inside AWS's five-minute window is not collapsed into the
-        delivery it repeats (a resumed replay of the same run still is)."""
-        return str(self.id) if self.replay is None else f"{self.id}-{self.replay}"
+        FIFO's MessageDeduplicationId): the event id (the outbox id where there is none),
+        and for a replay the run id beside it, so that a replay inside AWS's five-minute
+        window is not collapsed into the delivery it repeats (a resumed replay of the same
+        run still is). Not the outbox id: a new primary after a failover hands out again
+        the ids of the transactions it lost, and AWS would drop those new events."""
+        base = self.event_id or str(self.id)
+        return base if self.replay is None else f"{base}-{self.replay}"
 
     def log_fields(self) -> dict[str, Any]:
         """The fields every log line about this message carries."""
@@ -87,6 +103,8 @@ RELAY_HEADERS = frozenset(
         "attempt",
         "lease_version",
         "aggregate_seq",
+        "event_id",
+        "aggregate_epoch",
         "replay",
         "payload",
     }

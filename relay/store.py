@@ -314,7 +314,7 @@ def message_from_row(row: Sequence[Any], body: bytes, *, exact: bool = False) ->
     payload holds bytes that are not UTF-8. ``body`` is its payload (read afterwards when
     the row was over the byte budget)."""
     (outbox_id, aggregate_type, aggregate_id, event_type, _payload, attempts, lease_version, age_s, ordered,
-     aggregate_seq, _bytes, raw_headers) = row  # fmt: skip
+     aggregate_seq, _bytes, raw_headers, event_id, aggregate_epoch) = row  # fmt: skip
     texts = (aggregate_type, aggregate_id, event_type)
     problem = None
     if exact:
@@ -342,6 +342,8 @@ def message_from_row(row: Sequence[Any], body: bytes, *, exact: bool = False) ->
         ordered=ordered,
         aggregate_seq=aggregate_seq,
         headers=headers,
+        event_id=None if event_id is None else str(event_id),
+        aggregate_epoch=aggregate_epoch,
     )
     if problem is None and refused is None:
         return message

@@ -1,7 +1,7 @@
 """The dispatch loop: claim, publish outside any transaction, fenced finalize.
 
 The loop never sees SQL (that is :mod:`relay.store`) nor SDK types (those stay in
-``adapters/``). It holds no connection, transaction or row lock while it publishes.
+``relay/adapters/``). It holds no connection, transaction or row lock while it publishes.
 """
 
 from __future__ import annotations

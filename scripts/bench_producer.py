@@ -94,6 +94,14 @@ COMPARE_0011 = (
     Variant("relay schema at 0011 (stamp as the owner), a relay working"),
 )
 
+# --compare-0015: the event identity (an event_id drawn by gen_random_uuid() for every row,
+# 16 bytes more per row) against the schema before it, alternating within every round.
+COMPARE_0015 = (
+    PLAIN,
+    Variant("relay schema at 0013 (no event_id), a relay working", version=13),
+    Variant("relay schema at 0015 (event_id by the database), a relay working"),
+)
+
 
 def setup(dsn: str, variant: Variant) -> str:
     """A fresh table for ``variant``; returns its qualified name for the pgbench script."""
@@ -194,6 +202,8 @@ PARTS: tuple[tuple[str, str | None], ...] = (
     # SECURITY DEFINER alone, to tell the user switch from the search_path save and restore.
     ("  the commit stamp as the owner, search_path not pinned", "ALTER FUNCTION {s}.outbox_stamp() RESET search_path"),
     ("  without the routing trigger", "ALTER TABLE {t} DISABLE TRIGGER outbox_route"),
+    # The event identity (0015): one gen_random_uuid() and 16 bytes per row.
+    ("  without the event_id default", "ALTER TABLE {t} ALTER COLUMN event_id DROP DEFAULT"),
     ("  without both triggers", "ALTER TABLE {t} DISABLE TRIGGER outbox_stamp, DISABLE TRIGGER outbox_route"),
     (
         "  without the CHECK constraints",
@@ -269,8 +279,9 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--parts", action="store_true", help="only what each part of the schema costs (about 1 minute)")
     ap.add_argument("--compare-0011", action="store_true", help="only the plain table, 0010 and 0011 (stamp as owner)")
+    ap.add_argument("--compare-0015", action="store_true", help="only the plain table, 0013 and 0015 (event_id)")
     args = ap.parse_args()
-    variants = COMPARE_0011 if args.compare_0011 else VARIANTS
+    variants = COMPARE_0011 if args.compare_0011 else COMPARE_0015 if args.compare_0015 else VARIANTS
     if args.parts:
         print_parts(
             parts(args.dsn, rounds=1 if args.quick else 3, transactions=2000 if args.quick else 20000), args.markdown

@@ -65,9 +65,9 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapters.rabbitmq.envelope import Envelope, build
-from adapters.rabbitmq.publisher import RabbitPublisher
-from adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
+from relay.adapters.rabbitmq.envelope import Envelope, build
+from relay.adapters.rabbitmq.publisher import RabbitPublisher
+from relay.adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering

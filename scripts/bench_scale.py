@@ -71,7 +71,7 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.log import LogPublisher
+from relay.adapters.log import LogPublisher
 from relay.message import OutboxMessage
 from relay.migrate import migrate
 from relay.ordering import OrderingMap

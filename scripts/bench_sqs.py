@@ -66,9 +66,9 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapters.aws.entries import Entry
-from adapters.aws.settings import concurrency_for
-from adapters.sqs.entries import prepare
+from relay.adapters.aws.entries import Entry
+from relay.adapters.aws.settings import concurrency_for
+from relay.adapters.sqs.entries import prepare
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering

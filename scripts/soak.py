@@ -175,7 +175,7 @@ def consume(url: str, queue: str, stop: threading.Event, c: Counters) -> None:
                 lag = time.time() - json.loads(message.body)["t"]
                 with c.lock:
                     c.received += 1
-                    c.seen.add(int(message.message_id or 0))
+                    c.seen.add(int(message.headers["outbox_id"]))
                     c.lags.append(lag)
 
             await q.consume(on_message, no_ack=True)

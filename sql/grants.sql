@@ -14,8 +14,8 @@
 GRANT USAGE ON SCHEMA {schema} TO {role};
 
 -- grant_producer_insert --
--- Producers: INSERT only the producer columns; the relay's columns come from defaults and the routing trigger.
-GRANT INSERT (aggregate_type, aggregate_id, event_type, payload, headers) ON {outbox} TO {role};
+-- Producers: INSERT only the producer columns (event_id too, which relay.Outbox writes); the relay's columns come from defaults and the routing trigger.
+GRANT INSERT (aggregate_type, aggregate_id, event_type, payload, headers, event_id) ON {outbox} TO {role};
 
 -- grant_producer_returning --
 -- Producers: INSERT ... RETURNING id reads the id column, and only that one; payloads and other rows' columns stay unreadable.
@@ -48,7 +48,8 @@ GRANT SELECT ON {q_migrations} TO {role};
 -- grant_relay_functions --
 -- Relays: the functions the claims, the heads trigger, relay status, relay explain, relay replay and the console call.
 GRANT EXECUTE ON FUNCTION {q_is_ordered}(text, text[], text[], text[], text[], boolean), {q_unfinished_ordered}(text),
-    {q_history}(text, text), {q_fingerprint}(text), {q_dead_group}(text) TO {role};
+    {q_history}(text, text), {q_fingerprint}(text), {q_dead_group}(text),
+    {q_event_id}(uuid, bigint, xid8, timestamptz) TO {role};
 
 -- grant_relay_temporary --
 -- Relays: relay replay keeps its plan in a temporary table of its own session (sql/replay.sql).

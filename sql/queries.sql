@@ -54,6 +54,11 @@ WITH quiet AS (
     -- This statement keeps the heads itself; the heads trigger may skip it (and the rest
     -- of the transaction: the reaper runs before the ingest, the claims move heads too).
     SELECT set_config('outbox_relay.claiming', 'on', true) AS flag
+), timeline AS (
+    -- This server's timeline (the first 8 hex digits of its current WAL file's name):
+    -- 1 on a new cluster, one more at each promotion of a standby. A sequence numbered on
+    -- another timeline than the aggregate's epoch starts a new epoch (see based).
+    SELECT ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::int::text AS tl
 ), txns AS (
     -- The oldest committed producer transactions not numbered yet. Every row of a
     -- transaction is visible together with its stamp, so each is numbered whole.
@@ -92,17 +97,34 @@ WITH quiet AS (
     SELECT r.id, r.aggregate_id, r.available_at, r.rn, r.n,
            max(CASE WHEN r.rn = 1
                     THEN coalesce((SELECT h.last_seq FROM {q_heads} AS h WHERE h.aggregate_id = r.aggregate_id), 0)
-               END) OVER (PARTITION BY r.aggregate_id) AS base
+               END) OVER (PARTITION BY r.aggregate_id) AS base,
+           max(CASE WHEN r.rn = 1
+                    THEN (SELECT h.epoch FROM {q_heads} AS h WHERE h.aggregate_id = r.aggregate_id)
+               END) OVER (PARTITION BY r.aggregate_id) AS head_epoch
       FROM ranked AS r
+), epoched AS (
+    -- The aggregate's epoch (0015), '<timeline>.<first seq>.<token>': the head's while it
+    -- was opened on this timeline; a new one where the aggregate has no heads row (new, or
+    -- forgotten by relay prune --heads-idle-for: numbering starts at 1 again) or after a
+    -- promotion (the new primary numbers again from what was replicated, so numbers a
+    -- consumer saw from transactions the failover lost come again). Consumers tell a
+    -- number used again from a duplicate by it (relay.inbox).
+    SELECT b.*,
+           CASE WHEN split_part(b.head_epoch, '.', 1) = t.tl THEN b.head_epoch
+                ELSE t.tl || '.' || (b.base + 1) || '.' || left(md5(b.aggregate_id || now()::text), 8)
+           END AS epoch
+      FROM based AS b, timeline AS t
 ), numbered AS (
     -- Driven by arrays, not by a join with the CTE: the planner then probes the primary
     -- key once per row. (Joined, it estimated a few dozen rows and rescanned the CTE for
     -- every row it updated: 7.5 s for 5,000 rows.)
     UPDATE {outbox} AS o
-       SET aggregate_seq = f.seq
+       SET aggregate_seq = f.seq,
+           aggregate_epoch = f.epoch
       FROM quiet,
-           unnest((SELECT array_agg(b.id ORDER BY b.id) FROM based AS b),
-                  (SELECT array_agg(b.base + b.rn ORDER BY b.id) FROM based AS b)) AS f(id, seq)
+           unnest((SELECT array_agg(b.id ORDER BY b.id) FROM epoched AS b),
+                  (SELECT array_agg(b.base + b.rn ORDER BY b.id) FROM epoched AS b),
+                  (SELECT array_agg(b.epoch ORDER BY b.id) FROM epoched AS b)) AS f(id, seq, epoch)
      WHERE o.id = f.id
        -- On the row's latest version: a row changed meanwhile is left out, and counted.
        AND o.status IN ('pending', 'dead')
@@ -111,13 +133,14 @@ WITH quiet AS (
 ), offered AS (
     -- In aggregate order, like the heads trigger, so the two never deadlock. The counter
     -- never moves backwards (greatest), and a head that exists is left alone.
-    INSERT INTO {q_heads} AS h (aggregate_id, head_id, ready_at, last_seq)
-    SELECT b.aggregate_id, b.id, b.available_at, b.base + b.n
-      FROM based AS b
+    INSERT INTO {q_heads} AS h (aggregate_id, head_id, ready_at, last_seq, epoch)
+    SELECT b.aggregate_id, b.id, b.available_at, b.base + b.n, b.epoch
+      FROM epoched AS b
      WHERE b.rn = 1
      ORDER BY b.aggregate_id
     ON CONFLICT (aggregate_id) DO UPDATE
        SET last_seq    = greatest(h.last_seq, excluded.last_seq),
+           epoch       = excluded.epoch,
            numbered_at = excluded.numbered_at,  -- now(): relay prune --heads-idle-for counts from it
            head_id     = coalesce(h.head_id, excluded.head_id),
            ready_at    = CASE WHEN h.head_id IS NULL THEN excluded.ready_at ELSE h.ready_at END
@@ -170,7 +193,8 @@ UPDATE {outbox} AS o
 RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type,
           CASE WHEN picked.bytes <= %(budget)s THEN o.payload END AS payload,
           o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
-          false AS ordered, o.aggregate_seq, picked.bytes, o.headers;
+          false AS ordered, o.aggregate_seq, picked.bytes, o.headers,
+          {q_event_id}(o.event_id, o.id, o.xid, o.created_at) AS event_id, o.aggregate_epoch;
 
 -- claim_ordered --
 -- Lease ready heads of aggregates: the earliest unfinished ordered row of each, never a row behind a pending, processing or dead one; in claim order while their payloads fit the byte budget, the first whatever its size with oversize (as claim_unordered).
@@ -218,7 +242,8 @@ UPDATE {outbox} AS o
 RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type,
           CASE WHEN picked.bytes <= %(budget)s THEN o.payload END AS payload,
           o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
-          true AS ordered, o.aggregate_seq, picked.bytes, o.headers;
+          true AS ordered, o.aggregate_seq, picked.bytes, o.headers,
+          {q_event_id}(o.event_id, o.id, o.xid, o.created_at) AS event_id, o.aggregate_epoch;
 
 -- payload_of --
 -- The payload of one claimed row that was over the byte budget, while the lease is still ours.

@@ -1,5 +1,5 @@
 -- The schema of one outbox as an empty schema holds it after every migration (0001 to
--- 0014), in one file to read: each object in its final form, with why it is there. Objects
+-- 0015), in one file to read: each object in its final form, with why it is there. Objects
 -- a later migration dropped are absent, functions appear in their last version, and what
 -- only converted existing rows (back-fills, renumbering) is left out: there are none here.
 --
@@ -69,6 +69,15 @@ CREATE TABLE {outbox} (
     -- The group of a dead row's error (0014, <table>_dead_group): written by the
     -- <table>_group_dead trigger when a row becomes dead; read only on dead rows.
     dead_group     bigint,
+    -- The event's identity (0015): random, so never handed out twice, not even by a new
+    -- primary after a failover that lost transactions (ids and aggregate_seq numbers can
+    -- be). Producers leave it to the default or write their own (relay.Outbox). Rows
+    -- written before 0015 hold NULL; the relay sends <table>_event_id's for them.
+    event_id       uuid        DEFAULT gen_random_uuid(),
+    -- The epoch of aggregate_seq, '<timeline>.<first seq>.<token>', set by the ingest with
+    -- it: numbers are gapless within one epoch, and a new one starts where the counter
+    -- starts again (new or forgotten aggregate, promoted standby). NULL on unordered rows.
+    aggregate_epoch text,
 
     CONSTRAINT {n_status_check} CHECK (status IN ('pending', 'processing', 'done', 'dead')),
     CONSTRAINT {n_attempts_check} CHECK (attempts >= 0),
@@ -301,7 +310,9 @@ CREATE TABLE {q_heads} (
     last_seq     bigint NOT NULL DEFAULT 0,
     -- When the ingest last numbered a row of the aggregate (0013; rows that existed then
     -- count from the migration).
-    numbered_at  timestamptz NOT NULL DEFAULT now()
+    numbered_at  timestamptz NOT NULL DEFAULT now(),
+    -- The epoch the ingest numbers in (0015; NULL until it numbers a row after 0015).
+    epoch        text
 );
 
 CREATE INDEX {n_heads_ready_idx} ON {q_heads} (ready_at) WHERE ready_at IS NOT NULL;
@@ -337,6 +348,14 @@ AS $$
         WHEN status = 'done' THEN 'delivered'
         ELSE status
     END
+$$;
+
+-- The event id the relay sends (0015): the row's own, or for a row written before 0015
+-- one derived from what identifies it, the same at every delivery and replay.
+CREATE FUNCTION {q_event_id}(event_id uuid, id bigint, xid xid8, created_at timestamptz) RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT coalesce(event_id, md5('outbox-relay/' || id || '/' || xid || '/' || extract(epoch FROM created_at))::uuid)
 $$;
 
 -- Keeps every head in step with its row, whoever changes the row: the relay's finalize,
@@ -532,4 +551,5 @@ INSERT INTO {q_migrations} (version, name) VALUES
     (10, 'headers'),
     (11, 'stamp_as_owner'),
     (13, 'history'),
-    (14, 'dead_groups');
+    (14, 'dead_groups'),
+    (15, 'event_identity');

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from adapters.memory import InMemoryPublisher, Script
+from relay.adapters.memory import InMemoryPublisher, Script
 from relay.backoff import Backoff
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.contract import PublishLimits
@@ -118,6 +118,8 @@ def outbox_message(
     ordered: bool = False,
     aggregate_seq: int | None = None,
     headers: dict[str, str] | None = None,
+    event_id: str | None = None,
+    aggregate_epoch: str | None = None,
 ) -> OutboxMessage:
     """An outbox message as a claim gives it to an adapter: the payload ``{"n": id}`` by default,
     attempt 2 and lease version 7 (so a test sees them carried, not defaulted)."""
@@ -133,4 +135,14 @@ def outbox_message(
         ordered=ordered,
         aggregate_seq=aggregate_seq,
         headers=headers,
+        event_id=event_id,
+        aggregate_epoch=aggregate_epoch,
     )
+
+
+def sqlalchemy_url(dsn: str, *, driver: str = "psycopg") -> str:
+    """A libpq DSN of the test database as a SQLAlchemy URL (trust authentication: no password)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    d = conninfo_to_dict(dsn)
+    return f"postgresql+{driver}://{d['user']}@{d.get('host', '127.0.0.1')}:{d.get('port', 5432)}/{d['dbname']}"

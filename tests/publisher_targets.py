@@ -35,12 +35,13 @@ from typing import Any, ClassVar, Literal
 import boto3
 import pytest
 
-from adapters.log import LogPublisher
-from adapters.memory import InMemoryPublisher
-from adapters.sns.publisher import SnsPublisher
-from adapters.sns.settings import SnsSettings
-from adapters.sqs.publisher import SqsPublisher
-from adapters.sqs.settings import SqsSettings
+from relay.adapters.aws.entries import LEFT_OUT as AWS_LEFT_OUT
+from relay.adapters.log import LogPublisher
+from relay.adapters.memory import InMemoryPublisher
+from relay.adapters.sns.publisher import SnsPublisher
+from relay.adapters.sns.settings import SnsSettings
+from relay.adapters.sqs.publisher import SqsPublisher
+from relay.adapters.sqs.settings import SqsSettings
 from relay.contract import Publisher
 from relay.errors import PermanentError
 from relay.message import OutboxMessage
@@ -74,6 +75,8 @@ class Target(ABC):
 
     # A real broker (or its server-mode emulator) stands behind the adapter.
     REAL_BROKER: ClassVar[bool]
+    # Envelope fields this wire does not carry (SQS and SNS: adapters.aws.entries.LEFT_OUT).
+    LEFT_OUT: ClassVar[frozenset[str]] = frozenset()
     # The pytest fixtures the harness is built from, by name.
     FIXTURES: ClassVar[tuple[str, ...]] = ()
     # Kinds of message the broker refuses for good (``refuse``); empty when it refuses none.
@@ -281,6 +284,7 @@ class SqsTarget(Target):
     queue URL on the same server that names no queue."""
 
     REAL_BROKER = True
+    LEFT_OUT = AWS_LEFT_OUT
     FIXTURES = ("moto_endpoint", "sqs_client", "make_queue")
     OVERSIZED = "over --sqs-max-message-size"
     BAD_CHARACTER = "a character SQS does not accept"
@@ -343,6 +347,7 @@ class SnsTarget(Target):
     destination is a topic ARN nobody created."""
 
     REAL_BROKER = True
+    LEFT_OUT = AWS_LEFT_OUT
     FIXTURES = ("moto_endpoint", "sqs_client", "make_topic")
     OVERSIZED = "over the adapter's message size limit"
     REFUSALS = (OVERSIZED,)

@@ -30,8 +30,8 @@ import aio_pika
 import aio_pika.abc
 import pytest
 
-from adapters.rabbitmq.publisher import RabbitPublisher
-from adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
+from relay.adapters.rabbitmq.publisher import RabbitPublisher
+from relay.adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
 from relay.message import OutboxMessage
 from relay.sqlnames import OutboxNames
 from tests.services import docker_answers, require_services

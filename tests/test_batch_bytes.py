@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from adapters.sqs import SqsSettings
-from adapters.sqs.publisher import SqsPublisher
+from relay.adapters.sqs import SqsSettings
+from relay.adapters.sqs.publisher import SqsPublisher
 from relay.config import START_OPTIONS, RelaySettings
 from relay.contract import Outcome, Publisher
 from relay.errors import ConfigError
@@ -346,7 +346,7 @@ async def test_a_4_worker_relay_drains_twenty_10_mb_payloads_to_rabbitmq_in_unde
         await channel.set_qos(prefetch_count=4)
         async with (await channel.get_queue(queue, ensure=False)).iterator() as messages:
             async for message in messages:
-                received[int(message.message_id or 0)] = len(message.body)
+                received[int(message.headers["outbox_id"])] = len(message.body)
                 await message.ack()
 
     consumer = asyncio.create_task(consume())

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from adapters.memory import InMemoryPublisher
+from relay.adapters.memory import InMemoryPublisher
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.db import open_pool
 from relay.grants import Grantee, grant

@@ -72,13 +72,15 @@ def test_the_relays_fields_win_in_the_envelope() -> None:
 
 
 def test_more_attributes_than_aws_allows_is_permanent_for_that_message() -> None:
-    from adapters.aws.entries import MAX_ATTRIBUTES, check
+    from relay.adapters.aws.entries import MAX_ATTRIBUTES, attributes, check
     from relay.errors import PermanentError
 
-    relay_own = len(outbox_message(1, ordered=True, aggregate_seq=1).envelope())
-    room = MAX_ATTRIBUTES - relay_own  # 3 for an ordered message (7 of the relay's own)
-    fits = outbox_message(1, ordered=True, aggregate_seq=1, headers={f"h{i}": "v" for i in range(room)})
-    over = outbox_message(2, ordered=True, aggregate_seq=1, headers={f"h{i}": "v" for i in range(room + 1)})
+    identity = {"event_id": "4d1f0e1e-8f7e-4d3c-9a5b-2f7a8c6d9e10", "aggregate_epoch": "1.1.0a1b2c3d"}
+    relay_own = len(attributes(outbox_message(1, ordered=True, aggregate_seq=1, **identity)))
+    room = MAX_ATTRIBUTES - relay_own
+    assert room == 3  # an ordered message: 7 of the relay's own
+    fits = outbox_message(1, ordered=True, aggregate_seq=1, headers={f"h{i}": "v" for i in range(room)}, **identity)
+    over = outbox_message(2, ordered=True, aggregate_seq=1, headers={f"h{i}": "v" for i in range(room + 1)}, **identity)
     assert not isinstance(check(fits, max_bytes=262_144, service="SQS", destination="the queue"), PermanentError)
     refused = check(over, max_bytes=262_144, service="SQS", destination="the queue")
     assert isinstance(refused, PermanentError)

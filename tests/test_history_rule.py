@@ -289,7 +289,7 @@ async def test_replay_leaves_skipped_messages_out_and_can_always_finish_an_aggre
     assert await wait_until_async(lambda: db.row(f3)["status"] == "done", timeout=30), live.tail()
     assert live.stop() == 0, live.tail()
     live_got = await rabbit.drain(live_queue, 2, timeout=10)
-    assert [int(m.message_id or 0) for m in live_got] == [f1, f3]
+    assert [int(m.headers["outbox_id"]) for m in live_got] == [f1, f3]
     before = db.rows()
 
     # By default the skipped message is left out, and the output says so.
@@ -299,7 +299,7 @@ async def test_replay_leaves_skipped_messages_out_and_can_always_finish_an_aggre
     assert "2 of 2 messages published" in proc.stdout, proc.stdout
     assert "left out: 1 message an operator skipped (--include-skipped replays them)" in proc.stdout, proc.stdout
     got = await rabbit.drain(q1, 2, timeout=10)
-    assert [(int(m.message_id or 0), m.headers["aggregate_seq"]) for m in got] == [(f1, 1), (f3, 3)]
+    assert [(int(m.headers["outbox_id"]), m.headers["aggregate_seq"]) for m in got] == [(f1, 1), (f3, 3)]
     dry = replay(relay_dsn, names, rabbit.amqp.url, "--to", "", "--routing-key", q1, "--dry-run")
     assert dry.returncode == 0 and "left out: 1 message an operator skipped" in dry.stdout, dry.stdout
 
@@ -308,7 +308,7 @@ async def test_replay_leaves_skipped_messages_out_and_can_always_finish_an_aggre
     proc = replay(relay_dsn, names, rabbit.amqp.url, "--include-skipped", "--to", "", "--routing-key", q2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = await rabbit.drain(q2, 3, timeout=10)
-    assert [(int(m.message_id or 0), m.headers["aggregate_seq"]) for m in got] == [(f1, 1), (f2, 2), (f3, 3)]
+    assert [(int(m.headers["outbox_id"]), m.headers["aggregate_seq"]) for m in got] == [(f1, 1), (f2, 2), (f3, 3)]
 
     # It fails again where the broker still refuses it: F3 is held back, and the second
     # printed command finishes the aggregate without F2.
@@ -328,7 +328,7 @@ async def test_replay_leaves_skipped_messages_out_and_can_always_finish_an_aggre
     got = await rabbit.drain(q3, 3, timeout=5)
     # Where the producers did not lock, F1's id is above F3's, and the resume, which starts
     # from the lowest id not confirmed, sends F1 again: a duplicate consumers drop by id.
-    arrived = [int(m.message_id or 0) for m in got]
+    arrived = [int(m.headers["outbox_id"]) for m in got]
     assert list(dict.fromkeys(arrived)) == [f1, f3] and set(arrived) == {f1, f3}, arrived
 
     # --skip-failed does the same in one run, and says what it left out.
@@ -339,5 +339,5 @@ async def test_replay_leaves_skipped_messages_out_and_can_always_finish_an_aggre
         proc.stdout
     )
     got = await rabbit.drain(q4, 3, timeout=5)
-    assert [int(m.message_id or 0) for m in got] == [f1, f3]
+    assert [int(m.headers["outbox_id"]) for m in got] == [f1, f3]
     assert db.rows() == before  # a replay changes nothing

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from adapters.aws.entries import MAX_ATTRIBUTES, check
-from adapters.rabbitmq.envelope import build
-from adapters.rabbitmq.settings import RabbitSettings
+from relay.adapters.aws.entries import MAX_ATTRIBUTES, check
+from relay.adapters.rabbitmq.envelope import build
+from relay.adapters.rabbitmq.settings import RabbitSettings
 from relay.errors import NoRoomForReplayMarker, PermanentError
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
@@ -62,7 +62,15 @@ def test_what_the_relay_adds_counts_too() -> None:
 def test_an_aws_message_that_fits_live_but_not_with_the_replay_marker() -> None:
     from dataclasses import replace
 
-    live = outbox_message(1, ordered=True, aggregate_seq=1, headers={"a": "1", "b": "2", "c": "3"})
+    # As a claim gives it since 0015: the event identity among the relay's 7 attributes.
+    live = outbox_message(
+        1,
+        ordered=True,
+        aggregate_seq=1,
+        headers={"a": "1", "b": "2", "c": "3"},
+        event_id="4d1f0e1e-8f7e-4d3c-9a5b-2f7a8c6d9e10",
+        aggregate_epoch="1.1.0a1b2c3d",
+    )
     assert not isinstance(check(live, max_bytes=262_144, service="SQS", destination="the queue"), PermanentError)
     replayed = check(replace(live, replay="20261203T101500Z-3f9a1c"), max_bytes=262_144, service="SQS",
                      destination="the queue")  # fmt: skip
@@ -141,7 +149,7 @@ async def test_header_poison_among_normal_rows_goes_dead_alone_and_breaks_nothin
     assert max(by_id[oid]["attempts"] for oid in delivered) == 1
     assert "connection lost" not in log and "frame_too_large" not in log
     got = await rabbit.drain(queue, len(delivered), timeout=20)
-    assert {int(m.message_id or 0) for m in got} == delivered
+    assert {int(m.headers["outbox_id"]) for m in got} == delivered
 
 
 def test_a_replay_names_what_fits_live_but_not_with_its_marker_and_can_still_finish_the_aggregate(
@@ -211,4 +219,4 @@ async def test_a_connection_lost_mid_batch_costs_only_the_message_that_caused_it
     assert spent == {}, (spent, log[-3000:])
     assert proxy.poisoned >= 3 and "publishing its" in log
     got = await rabbit.drain(queue, 149, timeout=20)
-    assert {int(m.message_id or 0) for m in got} == set(ids) - {culprit}
+    assert {int(m.headers["outbox_id"]) for m in got} == set(ids) - {culprit}

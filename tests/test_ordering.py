@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.memory import InMemoryPublisher
 from relay import PermanentError
+from relay.adapters.memory import InMemoryPublisher
 from relay.errors import ConfigError
 from relay.message import Decision
 from relay.ordering import OrderingMap

@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from adapters.memory import STALL, InMemoryPublisher
 from relay import BrokerUnavailable, Defer, PermanentError, RetryableError
+from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.backoff import Backoff
 from relay.store import OutboxStore
 from tests.conftest import Db

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from adapters.memory import STALL, InMemoryPublisher
 from relay import BrokerUnavailable
+from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.breaker import CircuitBreaker
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore

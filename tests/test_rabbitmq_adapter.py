@@ -18,10 +18,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from adapters.rabbitmq import OPTIONS, create
-from adapters.rabbitmq.publisher import RabbitPublisher
-from adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
-from adapters.rabbitmq.unroutable import MAX_KEYS, UnroutableKeys
+from relay.adapters.rabbitmq import OPTIONS, create
+from relay.adapters.rabbitmq.publisher import RabbitPublisher
+from relay.adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
+from relay.adapters.rabbitmq.unroutable import MAX_KEYS, UnroutableKeys
 from relay.contract import DestinationCheck, DestinationState, Outcome
 from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable, PermanentError, RetryableError
 from relay.message import OutboxMessage
@@ -89,7 +89,7 @@ async def test_ordered_messages_carry_their_aggregate_seq_as_an_integer_header(r
     ordered = outbox_message(ordered=True, aggregate_seq=41)
     unordered = outbox_message(ordered=False)
     assert await publisher.publish([ordered, unordered]) == [None, None]
-    got = {int(m.message_id or 0): m.headers for m in await rabbit.drain(queue, 2)}
+    got = {int(m.headers["outbox_id"]): m.headers for m in await rabbit.drain(queue, 2)}
     assert got[ordered.id]["aggregate_seq"] == 41 and isinstance(got[ordered.id]["aggregate_seq"], int)
     assert "aggregate_seq" not in got[unordered.id]
 
@@ -148,7 +148,7 @@ async def test_unroutable_waits_per_routing_key_without_pausing_the_others_and_f
     rabbit: Rabbit, caplog: pytest.LogCaptureFixture
 ) -> None:
     exchange = await rabbit.exchange("topic")
-    caplog.set_level(logging.INFO, logger="adapters.rabbitmq")
+    caplog.set_level(logging.INFO, logger="relay.adapters.rabbitmq")
     publisher = await rabbit.publisher(exchange=exchange, routing_key="{aggregate_type}.{event_type}")
     placed = await rabbit.queue(bind=(exchange, "order.OrderPlaced"))
 
@@ -190,8 +190,10 @@ async def test_unroutable_waits_per_routing_key_without_pausing_the_others_and_f
 
 def test_held_keys_are_probed_one_at_a_time_backing_off_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
-    keys = UnroutableKeys(logging.getLogger("adapters.rabbitmq"), "exchange 'x' at amqp://u@h/", clock=lambda: now[0])
-    caplog.set_level(logging.INFO, logger="adapters.rabbitmq")
+    keys = UnroutableKeys(
+        logging.getLogger("relay.adapters.rabbitmq"), "exchange 'x' at amqp://u@h/", clock=lambda: now[0]
+    )
+    caplog.set_level(logging.INFO, logger="relay.adapters.rabbitmq")
     first = keys.returned("a", "unroutable")
     assert keys.is_held("a") and first.retry_after == timedelta(seconds=0.5)
     assert not keys.take_probe("a")  # not yet due
@@ -396,7 +398,7 @@ async def test_broker_unreachable_refuses_every_message_without_waiting_and_deli
     rabbit: Rabbit, proxy: TcpProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
     queue = await rabbit.queue()
-    caplog.set_level(logging.INFO, logger="adapters.rabbitmq")
+    caplog.set_level(logging.INFO, logger="relay.adapters.rabbitmq")
     publisher = await rabbit.publisher(url=proxy.url(rabbit.amqp.url), routing_key=queue)
     assert await publisher.publish([outbox_message()]) == [None]
 
@@ -414,7 +416,7 @@ async def test_broker_unreachable_refuses_every_message_without_waiting_and_deli
     assert took < 5, f"delivery resumed only after {took:.1f}s"
     assert all(isinstance(f, BrokerUnavailable) for f in failures), failures
 
-    refused = [r for r in caplog.records if r.name == "adapters.rabbitmq" and r.levelno == logging.ERROR]
+    refused = [r for r in caplog.records if r.name == "relay.adapters.rabbitmq" and r.levelno == logging.ERROR]
     assert len(refused) == 1, [r.getMessage() for r in refused]
     assert "unreachable" in refused[0].getMessage()
     assert any("delivery resumed" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
@@ -448,7 +450,7 @@ async def test_message_over_the_broker_size_limit_is_permanent_and_its_neighbour
     again = await publisher.publish([*retry, big])
     assert again[:-1] == [None] * len(retry)
     assert isinstance(again[-1], PermanentError) and "not sent" in str(again[-1])
-    arrived = {int(m.message_id or 0) for m in await rabbit.drain(queue, 6)}
+    arrived = {int(m.headers["outbox_id"]) for m in await rabbit.drain(queue, 6)}
     assert arrived == {m.id for m in small}
 
 
@@ -485,13 +487,15 @@ async def test_missing_exchange_refuses_every_message_logs_once_and_delivery_sta
     rabbit: Rabbit, caplog: pytest.LogCaptureFixture
 ) -> None:
     name = unique("ex")  # not declared yet
-    caplog.set_level(logging.INFO, logger="adapters.rabbitmq")
+    caplog.set_level(logging.INFO, logger="relay.adapters.rabbitmq")
     publisher = await rabbit.publisher(exchange=name, routing_key="{event_type}")  # start does not fail
     for _ in range(3):
         outcomes = await publisher.publish([outbox_message(), outbox_message()])
         assert kinds(outcomes) == ["BrokerUnavailable"] * 2
         assert f"exchange '{name}' not found in vhost '/'" in str(outcomes[0])
-    errors = [r.getMessage() for r in caplog.records if r.name == "adapters.rabbitmq" and r.levelno >= logging.ERROR]
+    errors = [
+        r.getMessage() for r in caplog.records if r.name == "relay.adapters.rabbitmq" and r.levelno >= logging.ERROR
+    ]
     assert len(errors) == 1, errors
     assert f"'{name}'" in errors[0] and "NOT_FOUND" in errors[0]
 
@@ -503,7 +507,9 @@ async def test_missing_exchange_refuses_every_message_logs_once_and_delivery_sta
     # Deleted while the relay runs: every message refused again, one more error line.
     await rabbit.delete_exchange(name)
     assert kinds(await publisher.publish([outbox_message()])) == ["BrokerUnavailable"]
-    errors = [r.getMessage() for r in caplog.records if r.name == "adapters.rabbitmq" and r.levelno >= logging.ERROR]
+    errors = [
+        r.getMessage() for r in caplog.records if r.name == "relay.adapters.rabbitmq" and r.levelno >= logging.ERROR
+    ]
     assert len(errors) == 2
     assert await rabbit.count(queue) == 1
 
@@ -538,12 +544,12 @@ async def test_an_ordered_message_waits_for_the_confirm_of_the_one_before_it(rab
     outcomes = await publisher.publish([first, second, other_aggregate, unordered])
     assert kinds(outcomes) == ["PermanentError", "RetryableError", "ok", "ok"]
     assert "not sent: an earlier ordered message of aggregate 'A'" in str(outcomes[1])
-    arrived = {int(m.message_id or 0) for m in await rabbit.drain(queue, 2)}
+    arrived = {int(m.headers["outbox_id"]) for m in await rabbit.drain(queue, 2)}
     assert arrived == {other_aggregate.id, unordered.id}
 
     chain = [outbox_message(aggregate_id="C", event_type="OrderPlaced", ordered=True) for _ in range(5)]
     assert await publisher.publish(chain) == [None] * 5
-    assert [int(m.message_id or 0) for m in await rabbit.drain(queue, 5)] == [m.id for m in chain]
+    assert [int(m.headers["outbox_id"]) for m in await rabbit.drain(queue, 5)] == [m.id for m in chain]
 
 
 # -- start -------------------------------------------------------------------------------
@@ -637,5 +643,5 @@ def test_routing_key_template_and_default_confirm_timeout() -> None:
 
 def test_reading_the_options_does_not_import_aio_pika() -> None:
     # `relay --help` and the other brokers read every broker's options.
-    code = "import sys, adapters.rabbitmq; assert 'aio_pika' not in sys.modules, 'aio_pika imported'"
+    code = "import sys, relay.adapters.rabbitmq; assert 'aio_pika' not in sys.modules, 'aio_pika imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 import pytest
 
-from adapters.rabbitmq.blocked import Blocking, alarm_kind
+from relay.adapters.rabbitmq.blocked import Blocking, alarm_kind
 from relay.errors import BrokerUnavailable
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
@@ -113,7 +113,7 @@ async def test_alarm_blocked_publisher_refuses_at_once_and_delivers_after_the_un
         f" {refused_after * 1000:.2f} ms; confirmed again {time.monotonic() - restored:.2f}s after the restore"
     )
     got = await rabbit.drain(queue, 2)
-    ids = [int(m.message_id or 0) for m in got]
+    ids = [int(m.headers["outbox_id"]) for m in got]
     assert delivered in ids
     # The in-flight batch reached the broker before the block: the broker may have taken it
     # once it read on (a duplicate of the retry); the batch refused while blocked, never.

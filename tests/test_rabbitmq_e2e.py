@@ -92,14 +92,14 @@ async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_
     assert process.stop() == 0, process.stderr()
 
     messages = await rabbit.drain(queue, total, timeout=30)
-    arrived = [int(m.message_id or 0) for m in messages]
+    arrived = [int(m.headers["outbox_id"]) for m in messages]
     assert sorted(arrived) == sorted(r["id"] for r in db.rows()), "every outbox id exactly once"
     by_id = {i: row for i, row in zip(ids, rows, strict=True)}
     ordered_per_aggregate: dict[str, list[int]] = defaultdict(list)
     seqs: dict[str, list[int]] = defaultdict(list)
     for m in messages:
         headers = m.headers
-        outbox_id = int(m.message_id or 0)
+        outbox_id = int(m.headers["outbox_id"])
         if str(headers["event_type"]).startswith("Order"):
             seqs[str(headers["aggregate_id"])].append(int(str(headers["aggregate_seq"])))
         else:
@@ -118,7 +118,7 @@ async def test_relay_start_drains_events_of_locking_unlocked_and_bulk_producers_
     assert len(ordered_per_aggregate) == 50
     for aggregate_id, sequence in ordered_per_aggregate.items():
         assert sequence == sorted(sequence), f"{aggregate_id} arrived out of order"  # one writer: id order
-    received = [Arrival(int(m.message_id or 0), str(m.headers["aggregate_id"])) for m in messages]
+    received = [Arrival(int(m.headers["outbox_id"]), str(m.headers["aggregate_id"])) for m in messages]
     assert order_violations(locked.expected(), received) == []
     assert order_violations(unlocked.expected(), received) == []
     assert all(s == list(range(1, len(s) + 1)) for s in seqs.values()), "aggregate_seq is 1, 2, 3, ..."
@@ -152,11 +152,11 @@ async def test_a_missing_exchange_never_stops_relay_start_and_delivery_begins_on
     assert took < 8, f"delivery began {took:.1f}s after the exchange appeared"
     assert process.stop() == 0, process.stderr()
 
-    assert sorted(int(m.message_id or 0) for m in await rabbit.drain(queue, 20)) == ids
+    assert sorted(int(m.headers["outbox_id"]) for m in await rabbit.drain(queue, 20)) == ids
     attempts = {row["attempts"] for row in await asyncio.to_thread(db.rows)}
     assert attempts == {1}, "waiting for the exchange must not spend attempts"
     errors = [line for line in process.stderr().splitlines() if " ERROR " in line]
-    ours = [line for line in errors if "adapters.rabbitmq:" in line]
+    ours = [line for line in errors if "relay.adapters.rabbitmq:" in line]
     assert len(ours) == 1, errors  # one line for the outage, not one per batch or message
     assert f"exchange '{name}' not found" in ours[0]
     # The start-up check said it once before any publish; the core's circuit breaker
@@ -165,7 +165,7 @@ async def test_a_missing_exchange_never_stops_relay_start_and_delivery_begins_on
     assert len(checked) == 1 and f"destination exchange '{name}' in vhost '/'" in checked[0], errors
     assert "missing: NOT_FOUND" in checked[0]
     assert all(
-        "adapters.rabbitmq:" in line or "relay.breaker:" in line or "relay.readiness:" in line for line in errors
+        "relay.adapters.rabbitmq:" in line or "relay.breaker:" in line or "relay.readiness:" in line for line in errors
     ), errors
     where = f"amqp://guest@{rabbit.amqp.host}:{rabbit.amqp.port}/"
     assert f"destination exchange '{name}' in vhost '/' at {where} is there now" in process.stderr()

@@ -170,8 +170,8 @@ async def test_unroutable_messages_wait_unspent_in_order_and_flow_once_a_queue_i
     now = rows()
     assert {now[i]["attempts"] for i in held_ids} == {1}  # the one that delivered it
     received = await rabbit.drain(held_type, len(held_ids), timeout=10)
-    assert {int(m.message_id or 0) for m in received} == held_ids
-    arrivals = [Arrival(int(m.message_id or 0), str(m.headers["aggregate_id"])) for m in received]
+    assert {int(m.headers["outbox_id"]) for m in received} == held_ids
+    arrivals = [Arrival(int(m.headers["outbox_id"]), str(m.headers["aggregate_id"])) for m in received]
     for log in logs:
         assert order_violations(log.expected(), arrivals) == []
     assert len(await rabbit.drain(flowing_queue, 20, timeout=10)) == 20

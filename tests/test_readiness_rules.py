@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from adapters.memory import InMemoryPublisher
+from relay.adapters.memory import InMemoryPublisher
 from relay.breaker import CircuitBreaker
 from relay.contract import DestinationCheck, DestinationState
 from relay.readiness import Destinations, not_ready

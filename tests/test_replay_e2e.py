@@ -111,7 +111,7 @@ async def test_replay_of_an_id_range_into_a_fresh_rabbitmq_queue_while_the_live_
     before = db.rows()
     live_got = await rabbit.drain(live_queue, len(before), timeout=30)
     assert len(live_got) == len(before)
-    live_by_id = {int(m.message_id or 0): m for m in live_got}
+    live_by_id = {int(m.headers["outbox_id"]): m for m in live_got}
 
     ids = [r["id"] for r in before]
     low, high = ids[len(ids) // 4], ids[3 * len(ids) // 4]
@@ -136,18 +136,18 @@ async def test_replay_of_an_id_range_into_a_fresh_rabbitmq_queue_while_the_live_
     assert f"{len(selected):,} of {len(selected):,} messages published" in proc.stdout
 
     replayed = await rabbit.drain(fresh, len(selected), timeout=30)
-    got = [int(m.message_id or 0) for m in replayed]
+    got = [int(m.headers["outbox_id"]) for m in replayed]
     assert sorted(got) == sorted(selected), "exactly the selected messages, each once"
     for m in replayed:
-        original = live_by_id[int(m.message_id or 0)]
+        original = live_by_id[int(m.headers["outbox_id"])]
         assert m.headers["replay"] == run_id
         assert {k: v for k, v in m.headers.items() if k != "replay"} == original.headers
         assert m.body == original.body and m.type == original.type and m.routing_key == fresh
-    arrivals = [Arrival(int(m.message_id or 0), str(m.headers["aggregate_id"])) for m in replayed]
+    arrivals = [Arrival(int(m.headers["outbox_id"]), str(m.headers["aggregate_id"])) for m in replayed]
     assert order_violations(restricted(locked, selected), arrivals) == []
     assert order_violations(restricted(unlocked, selected), arrivals) == []
     # And in the order the live consumer received them.
-    as_received = [(int(m.message_id or 0), str(m.headers["aggregate_id"]), str(m.type)) for m in live_got]
+    as_received = [(int(m.headers["outbox_id"]), str(m.headers["aggregate_id"]), str(m.type)) for m in live_got]
     live_order = {a: [i for i in seq if i in selected] for a, seq in per_aggregate_ordered(as_received).items()}
     replay_order = per_aggregate_ordered(
         (i, str(m.headers["aggregate_id"]), str(m.type)) for i, m in zip(got, replayed, strict=True)
@@ -160,7 +160,7 @@ async def test_replay_of_an_id_range_into_a_fresh_rabbitmq_queue_while_the_live_
     assert new > 0
     live_new = await rabbit.drain(live_queue, new, timeout=30)
     assert len(live_new) == new
-    new_arrivals = [Arrival(int(m.message_id or 0), str(m.headers["aggregate_id"])) for m in live_new]
+    new_arrivals = [Arrival(int(m.headers["outbox_id"]), str(m.headers["aggregate_id"])) for m in live_new]
     assert order_violations(more_locked.expected(), new_arrivals) == []
     assert order_violations(more_unlocked.expected(), new_arrivals) == []
     # The replay changed nothing: every column of every row it could have touched.
@@ -328,7 +328,7 @@ async def test_ctrl_c_mid_replay_prints_a_resume_command_that_finishes_the_rest(
     seen: set[int] = set()
     firsts = []
     for m in both:
-        outbox_id = int(m.message_id or 0)
+        outbox_id = int(m.headers["outbox_id"])
         if outbox_id not in seen:
             seen.add(outbox_id)
             firsts.append(Arrival(outbox_id, str(m.headers["aggregate_id"])))
@@ -391,5 +391,5 @@ async def test_a_message_that_cannot_be_replayed_is_named_with_a_resume_command_
     assert f":{password}@" not in out + proc.stderr
     assert "passwords are shown as ***" in out
     replayed = await rabbit.drain(queue, 1, timeout=5)
-    assert [int(m.message_id or 0) for m in replayed] == [ids[2]], "only the other aggregate's message"
+    assert [int(m.headers["outbox_id"]) for m in replayed] == [ids[2]], "only the other aggregate's message"
     assert db.rows() == before

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters.memory import InMemoryPublisher
+from relay.adapters.memory import InMemoryPublisher
 from relay.backoff import Backoff
 from relay.contract import Outcome
 from relay.db import configure_session

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters.memory import STALL, InMemoryPublisher
 from relay import BrokerUnavailable
+from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.breaker import CircuitBreaker
 from relay.runner import run_relay
 from relay.sqlnames import OutboxNames

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from adapters.memory import InMemoryPublisher
+from relay.adapters.memory import InMemoryPublisher
 from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable
 from relay.message import OutboxMessage
 from relay.options import resolve

@@ -216,11 +216,13 @@ async def test_rabbitmq_routes_each_event_family_to_its_exchange_with_its_routin
 
     to_customers = await rabbit.drain(customer_q, len(customer_ids), timeout=10)
     to_orders = await rabbit.drain(order_q, len(order_ids), timeout=10)
-    assert {int(m.message_id or 0) for m in to_customers} == customer_ids
+    assert {int(m.headers["outbox_id"]) for m in to_customers} == customer_ids
     assert {m.routing_key for m in to_customers} == {"order.CustomerRenamed"}  # the route's own key
-    assert sorted(int(m.message_id or 0) for m in to_orders) == order_ids  # the default exchange's
+    assert sorted(int(m.headers["outbox_id"]) for m in to_orders) == order_ids  # the default exchange's
     assert {m.routing_key for m in to_orders} == {"OrderPlaced"}
-    assert_commit_order(logs, [Arrival(int(m.message_id or 0), str(m.headers["aggregate_id"])) for m in to_customers])
+    assert_commit_order(
+        logs, [Arrival(int(m.headers["outbox_id"]), str(m.headers["aggregate_id"])) for m in to_customers]
+    )
 
 
 def test_one_relay_routes_to_two_queues_and_an_sns_topic(

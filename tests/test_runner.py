@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from adapters.memory import STALL, InMemoryPublisher
+from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.runner import _every as runner_every
 from relay.runner import run_relay
 from relay.sqlnames import OutboxNames

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters.memory import InMemoryPublisher
 from relay import runner
+from relay.adapters.memory import InMemoryPublisher
 from relay.config import CORE_OPTIONS, START_OPTIONS
 from relay.errors import ConfigError
 from relay.options import resolve

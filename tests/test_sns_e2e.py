@@ -76,7 +76,7 @@ def test_relay_with_three_workers_drains_ordered_aggregates_into_a_fifo_topic_in
     per_group: dict[str, list[int]] = defaultdict(list)
     for r in got:
         assert r.system["MessageGroupId"] == r.attributes["aggregate_id"]
-        assert r.system["MessageDeduplicationId"] == str(r.outbox_id)
+        assert r.system["MessageDeduplicationId"] == r.attributes.get("event_id", str(r.outbox_id))
         if r.attributes["event_type"].startswith("Order") and r.outbox_id in seeded:
             per_group[r.system["MessageGroupId"]].append(r.outbox_id)
             assert "aggregate_seq" in r.attributes

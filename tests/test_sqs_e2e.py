@@ -12,8 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from adapters.sqs import SqsSettings
-from adapters.sqs.publisher import SqsPublisher
+from relay.adapters.sqs import SqsSettings
+from relay.adapters.sqs.publisher import SqsPublisher
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
 from tests.conftest import Db
@@ -55,6 +55,7 @@ def as_message(row: dict[str, Any]) -> OutboxMessage:
         attempt=1,
         lease_version=1,
         ordered=ORDERING.is_ordered(row["event_type"]),
+        event_id=str(row["event_id"]),  # what the relay sends for this row
     )
 
 

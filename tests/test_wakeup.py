@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters.memory import InMemoryPublisher
+from relay.adapters.memory import InMemoryPublisher
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
 from relay.shared_settings import store_ordering

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 import click
 import psycopg
 
-from adapters.registry import broker_options, create_publisher
 from relay import logs
 from relay.config import (
     CORE_OPTIONS,
@@ -26,23 +25,23 @@ from relay.config import (
     names_from,
     require_dsn,
 )
-from relay.contract import Publisher, PublishLimits
 from relay.db import check_schema, connect
 from relay.dsn import mask
 from relay.durations import format_bound
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
 from relay.ops.queries import Conn
 from relay.options import Option, check_file_keys, load_file, resolve
-from relay.routes import ROUTES_OPTION, Router, default_destination, parse_routes, shown_destination
-from relay.routing import RoutedPublisher
+from relay.routes import ROUTES_OPTION
 from relay.sqlnames import OutboxNames
+from relay.wiring import BROKER_OPTIONS, publisher_for
 
-BROKER_OPTIONS = broker_options()
 ALL_OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, ROUTES_OPTION, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
 # The operator commands take --dsn, --schema, --table, --config, --log-level and
 # --log-format the way `relay migrate` does.
 OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)
 _DIGITS = re.compile(r"[0-9]{1,19}")  # a count: ASCII digits, as ids (relay.ids)
+
+__all__ = ["ALL_OPTIONS", "BROKER_OPTIONS", "OPS_OPTIONS", "publisher_for"]
 
 T = TypeVar("T")
 F = Callable[..., Any]
@@ -143,23 +142,6 @@ def check_text(value: str | None, what: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ConfigError(f"invalid {what}: not UTF-8 text (character {exc.start + 1} of {len(value):,})") from None
-
-
-# ---- the broker
-
-
-def publisher_for(broker: str, values: dict[str, Any], limits: PublishLimits) -> Publisher:
-    """``broker``'s publisher (relay start, relay replay); with routes, one per route (the
-    same settings with the route's destination put in) and one for the default
-    destination if it is set, under a :class:`relay.routing.RoutedPublisher`."""
-    routes = parse_routes(values.get("route") or (), broker)
-    if not routes:
-        return create_publisher(broker, values, limits)
-    default_value = default_destination(values, broker)
-    default = None if default_value is None else create_publisher(broker, values, limits)
-    publishers = [create_publisher(r.broker, {**values, **r.settings}, limits) for r in routes]
-    router = Router(routes, has_default=default is not None)
-    return RoutedPublisher(router, publishers, default, default_name=shown_destination(default_value or ""))
 
 
 # ---- running

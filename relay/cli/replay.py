@@ -23,8 +23,8 @@ from typing import Any, TextIO
 
 import click
 
-from adapters.registry import max_envelope_fields
 from relay import logs
+from relay.adapters.registry import max_envelope_fields
 from relay.backoff import Backoff
 from relay.cli.common import BROKER_OPTIONS, check_text, publisher_for, run, settings_for, with_options
 from relay.config import (

@@ -10,10 +10,10 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from adapters.aws.classify import ACCESS_DENIED, CREDENTIALS, classify_client_error, classify_transport_error
-from adapters.aws.publisher import AwsPublisher, BatchAnswer
-from adapters.sns.entries import SnsEntry, prepare
-from adapters.sns.settings import SnsSettings
+from relay.adapters.aws.classify import ACCESS_DENIED, CREDENTIALS, classify_client_error, classify_transport_error
+from relay.adapters.aws.publisher import AwsPublisher, BatchAnswer
+from relay.adapters.sns.entries import SnsEntry, prepare
+from relay.adapters.sns.settings import SnsSettings
 from relay.errors import ConfigError, PermanentError
 from relay.message import OutboxMessage
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from mypy_boto3_sns.client import SNSClient
     from mypy_boto3_sns.type_defs import PublishBatchRequestEntryTypeDef
 
-log = logging.getLogger("adapters.sns")
+log = logging.getLogger("relay.adapters.sns")
 
 
 class SnsPublisher(AwsPublisher["SNSClient", "PublishBatchRequestEntryTypeDef"]):

@@ -7,14 +7,19 @@ consumers can route and de-duplicate without parsing the body:
 ===============  ======  =====================================================
 attribute        type    value
 ===============  ======  =====================================================
-outbox_id        Number  the outbox row's id: the de-duplication key
+event_id         String  the event's identity (a UUID): the de-duplication key
+outbox_id        Number  the outbox row's id (for people: ``relay explain``)
 aggregate_type   String  e.g. ``order`` (left out when empty: AWS refuses empty values)
 aggregate_id     String  the aggregate the event belongs to
 event_type       String  e.g. ``OrderPaid``
-attempt          Number  1 on the first delivery attempt
-lease_version    Number  the claim's fencing token: a later one supersedes an earlier one
 aggregate_seq    Number  ordered messages only: 1, 2, 3, ... per aggregate in commit order
+aggregate_epoch  String  ordered messages only: the epoch of aggregate_seq
 ===============  ======  =====================================================
+
+``attempt`` and ``lease_version``, which AMQP headers and the log broker carry, are left
+out here (since 0015): a message takes at most 10 attributes, and the event identity
+took their two places, so producers keep 3 (2 in a replay) for their own headers. SQS
+counts receives itself (``ApproximateReceiveCount``).
 
 On a FIFO queue or topic ``MessageDeduplicationId`` is the outbox id (a replay adds its run
 id, OutboxMessage.dedup_id), so a resend within
@@ -76,13 +81,17 @@ def group_id(aggregate_id: str) -> str:
 MAX_ATTRIBUTES = 10
 
 
+# Envelope fields AWS messages leave out (see the table above).
+LEFT_OUT = frozenset({"attempt", "lease_version"})
+
+
 def attributes(message: OutboxMessage) -> tuple[tuple[str, str, str], ...]:
-    """The envelope as message attributes: the relay's 6 or 7, and the producer's headers
+    """The envelope as message attributes: the relay's 5 to 7, and the producer's headers
     (as String attributes; :data:`MAX_ATTRIBUTES` in all)."""
     return tuple(
         (name, "Number" if isinstance(value, int) else "String", str(value))
         for name, value in message.envelope().items()
-        if value != ""  # AWS refuses an empty attribute value
+        if value != "" and name not in LEFT_OUT  # AWS refuses an empty attribute value
     )
 
 

@@ -24,7 +24,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from adapters.aws.classify import (
+from relay.adapters.aws.classify import (
     ACCESS_DENIED,
     CREDENTIALS,
     QUEUE_MISSING,
@@ -34,9 +34,9 @@ from adapters.aws.classify import (
     classify_entry,
     classify_transport_error,
 )
-from adapters.aws.entries import Entry, pack
-from adapters.aws.settings import AwsSettings
-from adapters.outage import OutageLog
+from relay.adapters.aws.entries import Entry, pack
+from relay.adapters.aws.settings import AwsSettings
+from relay.adapters.outage import OutageLog
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
 from relay.message import OutboxMessage

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pamqp import commands as spec
 from pamqp.common import FieldValue
 
-from adapters.rabbitmq.settings import RabbitSettings
+from relay.adapters.rabbitmq.settings import RabbitSettings
 from relay.errors import PermanentError
 from relay.message import OutboxMessage
 
@@ -93,7 +93,7 @@ def build(
             content_type="application/json",
             delivery_mode=PERSISTENT,
             headers=headers,
-            message_id=str(m.id),
+            message_id=m.event_id or str(m.id),
             message_type=m.event_type,
             # Publish time: the row's created_at is not part of the claimed message.
             timestamp=timestamp or datetime.now(UTC),

@@ -11,10 +11,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from relay.contract import BROKERS, Publisher, PublishLimits
+from relay.errors import ConfigError
 from relay.options import Option
 
 # broker name -> module under adapters/ that defines OPTIONS and create(values, limits)
-_MODULES = {name: f"adapters.{name}" for name in BROKERS}
+_MODULES = {name: f"relay.adapters.{name}" for name in BROKERS}
+# The SDK each broker needs, and the package extra that installs it
+# (pip install 'outbox-relay[rabbitmq]'): the base installation has none of them.
+_SDKS = {
+    "rabbitmq": (("aio_pika", "aiormq", "pamqp"), "rabbitmq"),
+    "sqs": (("boto3", "botocore"), "sqs"),
+    "sns": (("boto3", "botocore"), "sns"),
+}
 
 
 def broker_options() -> tuple[Option, ...]:
@@ -33,7 +41,16 @@ def create_publisher(broker: str, values: Mapping[str, Any], limits: PublishLimi
     module = _load(_MODULES[broker])
     if module is None:
         raise ModuleNotFoundError(f"broker {broker!r} is not available in this installation")
-    publisher: Publisher = module.create(values, limits)
+    try:
+        publisher: Publisher = module.create(values, limits)
+    except ModuleNotFoundError as exc:
+        sdks, extra = _SDKS.get(broker, ((), ""))
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in sdks:
+            raise
+        raise ConfigError(
+            f"--broker {broker} needs {missing}, which is not installed: pip install 'outbox-relay[{extra}]'"
+        ) from None
     return publisher
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from adapters.rabbitmq.settings import OPTIONS, RabbitSettings
+from relay.adapters.rabbitmq.settings import OPTIONS, RabbitSettings
 from relay.contract import PublishLimits
 
 if TYPE_CHECKING:
-    from adapters.rabbitmq.publisher import RabbitPublisher
+    from relay.adapters.rabbitmq.publisher import RabbitPublisher
 
 __all__ = ["OPTIONS", "RabbitSettings", "create"]
 
@@ -29,6 +29,6 @@ def create(values: Mapping[str, Any], limits: PublishLimits) -> RabbitPublisher:
     raises ``relay.ConfigError``."""
     settings = RabbitSettings.from_values(values, limits)
     # Imported here so that only a relay that publishes to RabbitMQ loads aio-pika.
-    from adapters.rabbitmq.publisher import RabbitPublisher
+    from relay.adapters.rabbitmq.publisher import RabbitPublisher
 
     return RabbitPublisher(settings)

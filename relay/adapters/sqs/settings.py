@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from adapters.aws.settings import (
+from relay.adapters.aws.settings import (
     ENDPOINT_URL,
     REGION,
     AwsSettings,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeAlias
 
-from adapters.aws.entries import Entry, check, group_id
+from relay.adapters.aws.entries import Entry, check, group_id
 from relay.errors import PermanentError
 from relay.message import OutboxMessage
 

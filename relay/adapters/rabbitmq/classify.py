@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import aiormq.exceptions as amqp_errors
 from pamqp import commands
 
-from adapters.rabbitmq.envelope import Envelope
-from adapters.rabbitmq.settings import RabbitSettings
+from relay.adapters.rabbitmq.envelope import Envelope
+from relay.adapters.rabbitmq.settings import RabbitSettings
 from relay.contract import Outcome
 from relay.errors import BrokerUnavailable, PermanentError, RetryableError, SharedFailure
 

@@ -20,9 +20,9 @@ import aio_pika.exceptions
 import aiormq
 import aiormq.exceptions as amqp_errors
 
-from adapters.outage import OutageLog
-from adapters.rabbitmq.blocked import Blocking
-from adapters.rabbitmq.classify import (
+from relay.adapters.outage import OutageLog
+from relay.adapters.rabbitmq.blocked import Blocking
+from relay.adapters.rabbitmq.classify import (
     HELD,
     NOT_SENT,
     UNCONFIRMED,
@@ -32,16 +32,16 @@ from adapters.rabbitmq.classify import (
     describe,
     reply_text,
 )
-from adapters.rabbitmq.envelope import MIN_FRAME_MAX, Envelope, build
-from adapters.rabbitmq.settings import RabbitSettings
-from adapters.rabbitmq.unroutable import UnroutableKeys
+from relay.adapters.rabbitmq.envelope import MIN_FRAME_MAX, Envelope, build
+from relay.adapters.rabbitmq.settings import RabbitSettings
+from relay.adapters.rabbitmq.unroutable import UnroutableKeys
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable, SharedFailure
 from relay.message import OutboxMessage
 from relay.textsafe import clip, escape
 
-log = logging.getLogger("adapters.rabbitmq")
+log = logging.getLogger("relay.adapters.rabbitmq")
 
 # `relay start` tries this often before it gives up with exit code 2, waiting the delays
 # below in between: about 2 s in all, enough for a broker that is just coming up, short

@@ -10,10 +10,10 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from adapters.aws.classify import ACCESS_DENIED, CREDENTIALS, classify_client_error, classify_transport_error
-from adapters.aws.publisher import AwsPublisher, BatchAnswer
-from adapters.sqs.entries import SqsEntry, prepare
-from adapters.sqs.settings import SqsSettings
+from relay.adapters.aws.classify import ACCESS_DENIED, CREDENTIALS, classify_client_error, classify_transport_error
+from relay.adapters.aws.publisher import AwsPublisher, BatchAnswer
+from relay.adapters.sqs.entries import SqsEntry, prepare
+from relay.adapters.sqs.settings import SqsSettings
 from relay.dsn import describe_url
 from relay.errors import ConfigError, PermanentError
 from relay.message import OutboxMessage
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from mypy_boto3_sqs.client import SQSClient
     from mypy_boto3_sqs.type_defs import SendMessageBatchRequestEntryTypeDef
 
-log = logging.getLogger("adapters.sqs")
+log = logging.getLogger("relay.adapters.sqs")
 
 
 class SqsPublisher(AwsPublisher["SQSClient", "SendMessageBatchRequestEntryTypeDef"]):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.aws.settings import ENDPOINT_URL, REGION, AwsSettings, concurrency_for, sdk_options, sdk_values
+from relay.adapters.aws.settings import ENDPOINT_URL, REGION, AwsSettings, concurrency_for, sdk_options, sdk_values
 from relay.contract import PublishLimits
 from relay.errors import ConfigError, shown
 from relay.options import Option

@@ -1,0 +1,146 @@
+"""The relay inside an application's own asyncio process (a FastAPI lifespan, a worker).
+
+::
+
+    from relay import Relay
+
+    async with Relay(dsn="postgresql://relay@db/app", broker="rabbitmq",
+                     amqp_url="amqp://guest:guest@rabbit/", exchange="events", workers=2):
+        ...  # the application runs; the relay delivers beside it
+
+The settings are `relay start`'s options, named as their flags without the dashes
+(``--batch-size 50`` is ``batch_size=50``; durations as ``timedelta``, seconds or text such
+as ``"30s"``; lists as lists), and go through the same validation: a bad one raises
+:class:`relay.ConfigError` naming the flag, before anything starts. RELAY_* variables and
+a config file are read only when asked (``environ=os.environ``, ``config="relay.toml"``).
+`relay start` itself runs through this class.
+
+Leaving the ``async with`` (or :meth:`Relay.stop`) stops as SIGTERM stops `relay start`:
+the workers finish the batch in hand within ``shutdown_grace``; what is still publishing
+then is handed back without spending an attempt. An error that stops the relay (the
+outbox not migrated, a worker's bug) is raised from :meth:`run` and from the ``async
+with`` block's exit; :attr:`failed` tells meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+from relay.config import RelaySettings
+from relay.errors import ConfigError
+from relay.options import check_file_keys, load_file, resolve
+from relay.shared_settings import Given, given_settings
+from relay.tracing import Tracing, tracing_for
+from relay.wiring import START_ALL, publisher_for
+
+__all__ = ["Relay"]
+
+log = logging.getLogger("relay.embed")
+
+_KNOWN = {o.dest: o for o in START_ALL}
+
+
+def _raw(name: str, value: Any) -> Any:
+    """A Python value as the option parser takes it (what a command line or TOML gives)."""
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds()}s"
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+class Relay:
+    """Runs `relay start`'s workers in the running event loop.
+
+    :param settings: `relay start`'s options by their flag's name (``dsn``, ``broker``,
+        ``workers``, ``exchange``, ``queue_url``, ...); ``log_level`` and ``log_format``
+        are not applied (the application configures logging).
+    :param environ: read RELAY_* variables from this mapping (``os.environ``), below the
+        settings given here; none by default.
+    :param config: a TOML config file, below both.
+    """
+
+    def __init__(self, *, environ: Mapping[str, str] | None = None, config: str | None = None, **settings: Any) -> None:
+        unknown = sorted(set(settings) - set(_KNOWN))
+        if unknown:
+            raise ConfigError(f"unknown relay setting {unknown[0]!r} (the options of `relay start`, without dashes)")
+        given = {name: _raw(name, value) for name, value in settings.items() if value is not None}
+        file = load_file(config)
+        if config:
+            check_file_keys(file, START_ALL, config)
+        env = dict(environ or {})
+        self.values = resolve(START_ALL, given, file, env)
+        self.settings = RelaySettings.from_values(self.values)
+        self._given: tuple[Given, ...] = given_settings(self.values, given, file, env)
+        # Made here, so that a bad route or broker setting is refused before anything runs.
+        self._publisher = publisher_for(self.settings.broker, self.values, self.settings.publish_limits)
+        self._tracing: Tracing = tracing_for(self.values, max_envelope_fields=_max_fields(self.settings.broker))
+        self._ran = False
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        """Deliver until :meth:`stop`; raises what stopped the relay otherwise. Once per
+        Relay (its broker connection is closed when it returns)."""
+        from relay.runner import Operations, run_relay
+
+        if self._ran:
+            raise RuntimeError("a Relay runs once; make a new one")
+        self._ran = True
+        try:
+            await run_relay(
+                self.settings,
+                self._publisher,
+                self._stop,
+                operate=Operations.from_values(self.values),
+                given=self._given,
+                tracing=self._tracing,
+            )
+        finally:
+            self._tracing.shutdown()  # the spans still buffered reach the collector
+
+    def stop(self) -> None:
+        """Ask the relay to stop (as SIGTERM does `relay start`); :meth:`run` then returns."""
+        self._stop.set()
+
+    @property
+    def failed(self) -> BaseException | None:
+        """What stopped a relay started with ``async with``, while it is still inside it."""
+        task = self._task
+        if task is None or not task.done() or task.cancelled():
+            return None
+        return task.exception()
+
+    async def __aenter__(self) -> Relay:
+        if self._task is not None:
+            raise RuntimeError("this Relay is already running")
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="outbox-relay")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        task, self._task = self._task, None
+        if task is None:
+            return
+        try:
+            await task
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if exc is None:
+                raise
+            # The block's own exception goes on; the relay's is logged, not lost.
+            log.exception("the relay had stopped with an error")
+
+
+def _max_fields(broker: str) -> int | None:
+    from relay.adapters.registry import max_envelope_fields
+
+    return max_envelope_fields(broker)

@@ -1,0 +1,243 @@
+"""The consumer's inbox: each event's effect applied exactly once, in its aggregate's order.
+
+The relay delivers at least once; a consumer makes that exactly once by recording each
+event it applies in the same transaction as the effect, in its own PostgreSQL::
+
+    from relay import Inbox, OutOfOrder, received_from_aio_pika
+
+    inbox = Inbox()                          # public.inbox; Inbox.migrate(conn) creates it
+
+    async def handle(message):               # aio-pika, manual acknowledgement
+        event = received_from_aio_pika(message)
+        try:
+            async with conn.transaction():
+                if await inbox.receive_async(conn, event):
+                    await apply_effect(conn, event.payload())   # same transaction
+        except OutOfOrder:
+            await message.reject(requeue=True)  # an earlier event is missing: let it come first
+            return
+        await message.ack()                  # new or duplicate: done either way
+
+:meth:`Inbox.receive` answers True for an event to apply now, False for a duplicate (the
+same ``event_id`` was applied, or an ordered event's number was), and raises
+:class:`OutOfOrder` when an ordered event comes before an earlier one of its aggregate
+(nothing is recorded then: roll back, and let the broker deliver it again later).
+
+Why ``event_id`` and not ``outbox_id``: after a failover with asynchronous replication the
+new primary hands out again the outbox ids and ``aggregate_seq`` numbers of the
+transactions it lost. ``event_id`` is random, so never reused; and every ordered event
+carries ``aggregate_epoch``, which changes when the relay's counter for the aggregate
+starts again (such a failover, or an aggregate the relay forgot), so a number used again
+in a new epoch is told apart from a duplicate.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from relay._transactions import async_runner, first, sync_runner
+from relay.sqlfiles import named_queries
+from relay.sqlnames import OutboxNames
+
+__all__ = [
+    "Inbox",
+    "OutOfOrder",
+    "Received",
+    "received_from_aio_pika",
+    "received_from_sns",
+    "received_from_sqs",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """What a consumer got, as the inbox reads it: the relay's envelope and the body.
+
+    Build it with :func:`received_from_aio_pika`, :func:`received_from_sqs` or
+    :func:`received_from_sns`.
+    """
+
+    event_id: uuid.UUID
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    body: bytes
+    aggregate_seq: int | None = None
+    aggregate_epoch: str | None = None
+    outbox_id: int | None = None
+    # The run id of the `relay replay` that sent it again; None on a live delivery.
+    replay: str | None = None
+    # The producer's own headers (and trace context), everything the relay did not add.
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def payload(self) -> Any:
+        """The body decoded from JSON."""
+        return json.loads(self.body)
+
+
+class OutOfOrder(Exception):
+    """An ordered event came before an earlier event of its aggregate. Nothing was
+    recorded; roll back and let the broker deliver it again (RabbitMQ: reject with
+    requeue, or nack to a delay queue; SQS: leave it, the visibility timeout returns it)."""
+
+    def __init__(self, received: Received, expected: int) -> None:
+        super().__init__(
+            f"aggregate {received.aggregate_id!r}: got aggregate_seq {received.aggregate_seq},"
+            f" waiting for {expected} first"
+        )
+        self.received = received
+        self.expected = expected
+
+
+_RELAY_FIELDS = frozenset(
+    {
+        "outbox_id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "attempt",
+        "lease_version",
+        "aggregate_seq",
+        "aggregate_epoch",
+        "event_id",
+        "replay",
+    }
+)
+
+
+def _received(fields: Mapping[str, Any], body: bytes, event_id: Any = None) -> Received:
+    def text(name: str) -> str | None:
+        value = fields.get(name)
+        if value is None:
+            return None
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def number(name: str) -> int | None:
+        value = text(name)
+        return None if value is None else int(value)
+
+    raw_id = text("event_id") or (str(event_id) if event_id else None)
+    if raw_id is None:
+        raise ValueError("the message carries no event_id: was it sent by outbox-relay 0015 or later?")
+    missing = [name for name in ("aggregate_id", "event_type") if text(name) is None]
+    if missing:
+        raise ValueError(f"the message carries no {', '.join(missing)}: not one outbox-relay sent")
+    return Received(
+        event_id=uuid.UUID(raw_id),
+        aggregate_type=text("aggregate_type") or "",
+        aggregate_id=text("aggregate_id") or "",
+        event_type=text("event_type") or "",
+        body=body,
+        aggregate_seq=number("aggregate_seq"),
+        aggregate_epoch=text("aggregate_epoch"),
+        outbox_id=number("outbox_id"),
+        replay=text("replay"),
+        headers={k: str(v) for k, v in fields.items() if k not in _RELAY_FIELDS},
+    )
+
+
+def received_from_aio_pika(message: Any) -> Received:
+    """An aio-pika ``IncomingMessage`` (the relay's headers, ``message_id`` and body)."""
+    return _received(dict(message.headers or {}), message.body, message.message_id)
+
+
+def _attribute_value(attribute: Mapping[str, Any]) -> str:
+    if "StringValue" in attribute:
+        return str(attribute["StringValue"])
+    if "Value" in attribute:  # an SNS notification's own MessageAttributes
+        return str(attribute["Value"])
+    if "BinaryValue" in attribute:
+        value = attribute["BinaryValue"]
+        return value.decode() if isinstance(value, bytes) else base64.b64decode(value).decode()
+    raise ValueError(f"message attribute without a value: {sorted(attribute)}")
+
+
+def received_from_sqs(message: Mapping[str, Any]) -> Received:
+    """One message of boto3's ``receive_message(..., MessageAttributeNames=["All"])``
+    answer, sent to SQS by the relay (or by SNS with raw message delivery)."""
+    attributes = message.get("MessageAttributes") or {}
+    fields = {name: _attribute_value(a) for name, a in attributes.items()}
+    return _received(fields, str(message["Body"]).encode())
+
+
+def received_from_sns(message: Mapping[str, Any]) -> Received:
+    """An SNS notification as a subscribed SQS queue receives it: with raw message delivery
+    the same as :func:`received_from_sqs`; without, the body is SNS's JSON envelope, whose
+    ``Message`` is the event and whose ``MessageAttributes`` the relay's fields."""
+    body = str(message["Body"])
+    try:
+        envelope = json.loads(body)
+    except ValueError:
+        envelope = None
+    if isinstance(envelope, dict) and envelope.get("Type") == "Notification" and "Message" in envelope:
+        attributes = envelope.get("MessageAttributes") or {}
+        fields = {name: _attribute_value(a) for name, a in attributes.items()}
+        return _received(fields, str(envelope["Message"]).encode())
+    return received_from_sqs(message)
+
+
+class Inbox:
+    """Exactly-once application of received events, in the consumer's own PostgreSQL.
+
+    :param table: the inbox table (its aggregates are kept in ``<table>_aggregates``).
+    :param schema: its schema.
+    :param accept_first_unseen: for an ordered aggregate the inbox has never seen, take
+        whatever number comes first instead of waiting for its epoch's first number (set it
+        when a consumer starts on a stream that is already running).
+    """
+
+    def __init__(self, table: str = "inbox", schema: str = "public", *, accept_first_unseen: bool = False) -> None:
+        names = OutboxNames(schema=schema, table=table)
+        queries = named_queries()
+        self.accept_first_unseen = accept_first_unseen
+        self._create = names.render(queries["inbox_create"]).as_string(None)
+        self._receive = names.render(queries["inbox_receive"]).as_string(None)
+        self._prune = names.render(queries["inbox_prune"]).as_string(None)
+
+    def migrate(self, conn: Any) -> None:
+        """Create the inbox's tables and function where absent (run it again after an
+        upgrade: the function is replaced). In ``conn``'s transaction; commit it."""
+        sync_runner(conn)(self._create, {})
+
+    async def migrate_async(self, conn: Any) -> None:
+        """:meth:`migrate` for asyncio connections."""
+        await async_runner(conn)(self._create, {})
+
+    def _params(self, received: Received) -> dict[str, Any]:
+        return {
+            "event_id": str(received.event_id),
+            "aggregate_id": received.aggregate_id,
+            "seq": received.aggregate_seq,
+            "epoch": received.aggregate_epoch,
+            "first_unseen": self.accept_first_unseen,
+        }
+
+    def _outcome(self, received: Received, row: tuple[Any, ...]) -> bool:
+        outcome, expected = row
+        if outcome == "gap":
+            raise OutOfOrder(received, int(expected))
+        return bool(outcome == "new")
+
+    def receive(self, conn: Any, received: Received) -> bool:
+        """Record ``received`` in ``conn``'s transaction: True when it is new (apply its
+        effect in the same transaction), False for a duplicate; :class:`OutOfOrder` when an
+        earlier event of its aggregate has not been applied (nothing recorded)."""
+        return self._outcome(received, first(sync_runner(conn)(self._receive, self._params(received))))
+
+    async def receive_async(self, conn: Any, received: Received) -> bool:
+        """:meth:`receive` for asyncio connections."""
+        return self._outcome(received, first(await async_runner(conn)(self._receive, self._params(received))))
+
+    def prune(self, conn: Any, older_than: timedelta, *, limit: int = 10_000) -> int:
+        """Forget at most ``limit`` event ids received more than ``older_than`` ago (ordered
+        aggregates keep their numbers); how many. Keep ids longer than a redelivery can
+        take: an unordered event redelivered after its id is forgotten is applied again."""
+        before = datetime.now(UTC) - older_than
+        rows = sync_runner(conn)(self._prune + " RETURNING 1", {"before": before, "limit": limit})
+        return len(rows)

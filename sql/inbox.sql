@@ -1,0 +1,93 @@
+-- The consumer's inbox (relay.inbox): in the consumer's own PostgreSQL, beside the data its
+-- handlers change, so that recording a received event and applying its effect commit
+-- together. Placeholders as in the outbox's files: {outbox} is the inbox table itself
+-- (default public.inbox), {q_X} "<inbox>_X" in its schema.
+
+-- inbox_create --
+-- The inbox's tables and its receive function; safe to run again (relay.Inbox.migrate). The function is replaced, so a newer release's rules take effect at the next migrate.
+CREATE TABLE IF NOT EXISTS {outbox} (
+    -- One row per event applied: a delivery of an event id already here is a duplicate.
+    event_id     uuid        PRIMARY KEY,
+    received_at  timestamptz NOT NULL DEFAULT now()
+);
+-- For relay.Inbox.prune, which forgets old event ids in received_at order.
+CREATE INDEX IF NOT EXISTS {n_received_idx} ON {outbox} (received_at);
+
+CREATE TABLE IF NOT EXISTS {q_aggregates} (
+    -- Per ordered aggregate: the epoch and the last aggregate_seq applied in it.
+    aggregate_id text        PRIMARY KEY,
+    epoch        text        NOT NULL,
+    last_seq     bigint      NOT NULL,
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);
+
+-- What a delivery is: 'new' (recorded: apply its effect in the same transaction),
+-- 'duplicate' (already applied: acknowledge it and do nothing), or 'gap' with the number
+-- expected first (an earlier event of its aggregate has not been applied: nothing is
+-- recorded; hold it and let it come again). Ordered events are numbered per aggregate,
+-- gapless within an epoch ('<timeline>.<first seq>.<token>', set by the relay's ingest):
+-- the same epoch continues at last_seq + 1; a new epoch (a new aggregate, one the relay
+-- forgot and numbers from 1 again, or a promoted standby numbering again from what was
+-- replicated) begins at its first seq. An event without an epoch (numbered before the
+-- outbox's migration 0015) continues the stored epoch.
+CREATE OR REPLACE FUNCTION {q_receive}(p_event_id uuid, p_aggregate_id text, p_seq bigint, p_epoch text,
+                                       p_first_unseen boolean)
+RETURNS TABLE (outcome text, expected bigint)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    cur_epoch text;
+    cur_seq   bigint;
+    start     bigint;
+    found_agg boolean;
+BEGIN
+    IF p_seq IS NOT NULL THEN
+        SELECT a.epoch, a.last_seq INTO cur_epoch, cur_seq
+          FROM {q_aggregates} AS a WHERE a.aggregate_id = p_aggregate_id FOR UPDATE;
+        found_agg := FOUND;
+        -- '<timeline>.<first seq>.<token>': the epoch's first number.
+        start := CASE WHEN p_epoch ~ '^[0-9]+\.[0-9]+\.' THEN split_part(p_epoch, '.', 2)::bigint END;
+        IF found_agg AND (p_epoch IS NULL OR p_epoch = cur_epoch) THEN
+            IF p_seq <= cur_seq THEN
+                RETURN QUERY SELECT 'duplicate'::text, NULL::bigint;
+                RETURN;
+            ELSIF p_seq > cur_seq + 1 THEN
+                RETURN QUERY SELECT 'gap'::text, cur_seq + 1;
+                RETURN;
+            END IF;
+        ELSIF start IS NOT NULL AND p_seq <> start AND NOT (p_first_unseen AND NOT found_agg) THEN
+            -- A new epoch begins at its first number, nowhere else.
+            RETURN QUERY SELECT 'gap'::text, start;
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO {outbox} (event_id) VALUES (p_event_id) ON CONFLICT (event_id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'duplicate'::text, NULL::bigint;
+        RETURN;
+    END IF;
+    IF p_seq IS NOT NULL THEN
+        INSERT INTO {q_aggregates} AS a (aggregate_id, epoch, last_seq)
+        VALUES (p_aggregate_id, coalesce(p_epoch, cur_epoch, ''), p_seq)
+        ON CONFLICT (aggregate_id) DO UPDATE
+           SET epoch = excluded.epoch, last_seq = excluded.last_seq, updated_at = now();
+    END IF;
+    RETURN QUERY SELECT 'new'::text, NULL::bigint;
+END
+$$;
+
+-- inbox_receive --
+-- Record one delivery in the caller's transaction (relay.Inbox.receive): 'new', 'duplicate' or 'gap' with the number expected.
+SELECT r.outcome, r.expected
+  FROM {q_receive}(CAST(%(event_id)s AS uuid), CAST(%(aggregate_id)s AS text), CAST(%(seq)s AS bigint),
+                   CAST(%(epoch)s AS text), CAST(%(first_unseen)s AS boolean)) AS r
+
+-- inbox_prune --
+-- Forget event ids received before a time, at most %(limit)s of them per statement (relay.Inbox.prune repeats it). The aggregates' numbers are kept: an ordered event stays a duplicate by its number.
+WITH old AS (
+    SELECT i.event_id FROM {outbox} AS i
+     WHERE i.received_at < CAST(%(before)s AS timestamptz)
+     ORDER BY i.received_at
+     LIMIT %(limit)s
+)
+DELETE FROM {outbox} AS i USING old WHERE i.event_id = old.event_id

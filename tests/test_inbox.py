@@ -1,0 +1,209 @@
+"""relay.Inbox against a real PostgreSQL: duplicates by event id and by number, gaps held
+with nothing recorded, epochs (a number used again after a failover or a forgotten
+aggregate is new, not a duplicate), concurrent receivers of one aggregate, and the
+helpers that read the relay's envelope out of what each broker's client hands over."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from relay import Inbox, OutOfOrder, Received, received_from_sns, received_from_sqs
+
+
+@pytest.fixture
+def inbox_dsn(pg_dsn: str) -> Iterator[tuple[str, Inbox]]:
+    schema = f"c_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    inbox = Inbox("inbox", schema)
+    with psycopg.connect(pg_dsn) as conn:
+        inbox.migrate(conn)
+        inbox.migrate(conn)  # again: nothing changes
+        conn.commit()
+    yield pg_dsn, inbox
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def event(
+    aggregate: str, seq: int | None, epoch: str | None = "1.1.aaaaaaaa", event_id: uuid.UUID | None = None
+) -> Received:
+    return Received(
+        event_id=event_id or uuid.uuid4(),
+        aggregate_type="order",
+        aggregate_id=aggregate,
+        event_type="E",
+        body=b"{}",
+        aggregate_seq=seq,
+        aggregate_epoch=epoch if seq is not None else None,
+    )
+
+
+def receive(dsn: str, inbox: Inbox, received: Received, *, commit: bool = True) -> bool | str:
+    with psycopg.connect(dsn) as conn:
+        try:
+            new = inbox.receive(conn, received)
+        except OutOfOrder as exc:
+            conn.commit()  # even a careless consumer that commits records nothing
+            return f"gap:{exc.expected}"
+        if commit:
+            conn.commit()
+        else:
+            conn.rollback()  # (leaving the block would commit)
+        return new
+
+
+def test_unordered_events_are_new_once(inbox_dsn: tuple[str, Inbox]) -> None:
+    dsn, inbox = inbox_dsn
+    e = event("A", None)
+    assert receive(dsn, inbox, e, commit=False) is True  # rolled back: not recorded
+    assert receive(dsn, inbox, e) is True
+    assert receive(dsn, inbox, e) is False
+    assert receive(dsn, inbox, event("A", None)) is True  # another event of the same aggregate
+
+
+def test_ordered_events_apply_in_order_and_hold_gaps(inbox_dsn: tuple[str, Inbox]) -> None:
+    dsn, inbox = inbox_dsn
+    first, second, third = event("A", 1), event("A", 2), event("A", 3)
+    assert receive(dsn, inbox, second) == "gap:1"
+    assert receive(dsn, inbox, first) is True
+    assert receive(dsn, inbox, third) == "gap:2"
+    assert receive(dsn, inbox, second) is True
+    assert receive(dsn, inbox, second) is False
+    assert receive(dsn, inbox, third) is True
+    # A redelivery of a number already applied is a duplicate even when its event id was pruned.
+    with psycopg.connect(dsn) as conn:
+        assert inbox.prune(conn, timedelta(0)) == 3
+        conn.commit()
+    assert receive(dsn, inbox, first) is False
+
+
+def test_a_number_used_again_in_a_new_epoch_is_new(inbox_dsn: tuple[str, Inbox]) -> None:
+    """The failover trap: the old primary numbered 1..5 on timeline 1 and the consumer
+    applied them; the promoted standby had only 1..3 and numbers again from 4 on timeline 2
+    (epoch '2.4.x'). Those are new events, not duplicates of the lost 4 and 5."""
+    dsn, inbox = inbox_dsn
+    for seq in range(1, 6):
+        assert receive(dsn, inbox, event("A", seq, "1.1.aaaaaaaa")) is True
+    assert receive(dsn, inbox, event("A", 5, "2.4.bbbbbbbb")) == "gap:4"
+    assert receive(dsn, inbox, event("A", 4, "2.4.bbbbbbbb")) is True
+    assert receive(dsn, inbox, event("A", 5, "2.4.bbbbbbbb")) is True
+    assert receive(dsn, inbox, event("A", 6, "2.4.bbbbbbbb")) is True
+    # An aggregate the relay forgot starts again at 1, in a new epoch.
+    assert receive(dsn, inbox, event("A", 1, "2.1.cccccccc")) is True
+
+
+def test_a_new_aggregate_starts_at_its_epochs_first_number_unless_told(inbox_dsn: tuple[str, Inbox]) -> None:
+    dsn, inbox = inbox_dsn
+    assert receive(dsn, inbox, event("B", 7, "1.1.aaaaaaaa")) == "gap:1"
+    late = Inbox("inbox", _schema_of(inbox), accept_first_unseen=True)
+    assert receive(dsn, late, event("B", 7, "1.1.aaaaaaaa")) is True
+    assert receive(dsn, late, event("B", 9, "1.1.aaaaaaaa")) == "gap:8"
+
+
+def _schema_of(inbox: Inbox) -> str:
+    return inbox._receive.split('"')[1]
+
+
+async def test_concurrent_receivers_of_one_aggregate_apply_each_event_once_in_order(
+    inbox_dsn: tuple[str, Inbox],
+) -> None:
+    """Four receivers take deliveries of one aggregate's 40 events, each delivered twice, in
+    a shuffled order, and hold (retry later) what comes too early. The effects (a list
+    appended in the same transaction) must be 1..40, each once."""
+    dsn, inbox = inbox_dsn
+    events = [event("A", seq) for seq in range(1, 41)]
+    deliveries: asyncio.Queue[Received] = asyncio.Queue()
+    import random
+
+    shuffled = events * 2
+    random.Random(7).shuffle(shuffled)
+    for e in shuffled:
+        deliveries.put_nowait(e)
+    schema = _schema_of(inbox)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE TABLE {}.effects (seq bigint, at bigserial)").format(sql.Identifier(schema)))
+
+    async def receiver() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            while True:
+                try:
+                    e = deliveries.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                try:
+                    async with conn.transaction():
+                        if await inbox.receive_async(conn, e):
+                            await conn.execute(
+                                sql.SQL("INSERT INTO {}.effects (seq) VALUES (%s)").format(sql.Identifier(schema)),
+                                (e.aggregate_seq,),
+                            )
+                except OutOfOrder:
+                    deliveries.put_nowait(e)  # requeue
+                    await asyncio.sleep(0.001)
+
+    await asyncio.gather(*(receiver() for _ in range(4)))
+    with psycopg.connect(dsn) as conn:
+        applied = [
+            r[0] for r in conn.execute(sql.SQL("SELECT seq FROM {}.effects ORDER BY at").format(sql.Identifier(schema)))
+        ]
+    assert applied == list(range(1, 41))
+
+
+def test_autocommit_is_refused(inbox_dsn: tuple[str, Inbox]) -> None:
+    from relay import NotInTransaction
+
+    dsn, inbox = inbox_dsn
+    with psycopg.connect(dsn, autocommit=True) as conn, pytest.raises(NotInTransaction):
+        inbox.receive(conn, event("A", None))
+
+
+def _attributes(fields: dict[str, Any], *, sns: bool = False) -> dict[str, Any]:
+    out = {}
+    for name, value in fields.items():
+        kind = "Number" if isinstance(value, int) else "String"
+        out[name] = {"Type": kind, "Value": str(value)} if sns else {"DataType": kind, "StringValue": str(value)}
+    return out
+
+
+def test_helpers_read_the_envelope_of_sqs_and_sns_messages() -> None:
+    event_id = uuid.uuid4()
+    fields = {
+        "outbox_id": 12,
+        "event_id": str(event_id),
+        "aggregate_type": "order",
+        "aggregate_id": "A",
+        "event_type": "OrderPaid",
+        "attempt": 1,
+        "lease_version": 1,
+        "aggregate_seq": 3,
+        "aggregate_epoch": "1.1.aaaaaaaa",
+        "tenant": "t1",
+    }
+    sqs = received_from_sqs({"Body": '{"n": 1}', "MessageAttributes": _attributes(fields)})
+    assert (sqs.event_id, sqs.aggregate_seq, sqs.aggregate_epoch, sqs.outbox_id, sqs.headers) == (
+        event_id,
+        3,
+        "1.1.aaaaaaaa",
+        12,
+        {"tenant": "t1"},
+    )
+    assert sqs.payload() == {"n": 1}
+    notification = {
+        "Type": "Notification",
+        "Message": '{"n": 1}',
+        "MessageAttributes": _attributes(fields, sns=True),
+    }
+    assert received_from_sns({"Body": json.dumps(notification)}) == sqs
+    assert received_from_sns({"Body": '{"n": 1}', "MessageAttributes": _attributes(fields)}) == sqs  # raw delivery
+    with pytest.raises(ValueError, match="no event_id"):
+        received_from_sqs({"Body": "{}", "MessageAttributes": {}})
