@@ -40,7 +40,12 @@ async def main() -> None:
     await queue.bind(exchange, "#")
 
     async def handle(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        event = received_from_aio_pika(message)
+        try:
+            event = received_from_aio_pika(message)
+        except ValueError as exc:  # not a message the relay sent (or one from before 0015)
+            log.warning("message %s rejected: %s", message.message_id, exc)
+            await message.reject(requeue=False)  # to the queue's dead-letter exchange, if it has one
+            return
         try:
             async with conn.transaction():
                 if await inbox.receive_async(conn, event):

@@ -24,8 +24,8 @@ same ``event_id`` was applied, or an ordered event's number was), and raises
 (nothing is recorded then: roll back, and let the broker deliver it again later).
 
 Why ``event_id`` and not ``outbox_id``: after a failover with asynchronous replication the
-new primary hands out again the outbox ids and ``aggregate_seq`` numbers of the
-transactions it lost. ``event_id`` is random, so never reused; and every ordered event
+new primary numbers new events again from what it had replicated, and may hand out again
+the outbox ids of the transactions it lost. ``event_id`` is random, so never reused; and every ordered event
 carries ``aggregate_epoch``, which changes when the relay's counter for the aggregate
 starts again (such a failover, or an aggregate the relay forgot), so a number used again
 in a new epoch is told apart from a duplicate.

@@ -82,7 +82,7 @@ class OutboxMessage:
         FIFO's MessageDeduplicationId): the event id (the outbox id where there is none),
         and for a replay the run id beside it, so that a replay inside AWS's five-minute
         window is not collapsed into the delivery it repeats (a resumed replay of the same
-        run still is). Not the outbox id: a new primary after a failover hands out again
+        run still is). Not the outbox id: a new primary after a failover may hand out again
         the ids of the transactions it lost, and AWS would drop those new events."""
         base = self.event_id or str(self.id)
         return base if self.replay is None else f"{base}-{self.replay}"

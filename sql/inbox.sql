@@ -24,12 +24,21 @@ CREATE TABLE IF NOT EXISTS {q_aggregates} (
 -- What a delivery is: 'new' (recorded: apply its effect in the same transaction),
 -- 'duplicate' (already applied: acknowledge it and do nothing), or 'gap' with the number
 -- expected first (an earlier event of its aggregate has not been applied: nothing is
--- recorded; hold it and let it come again). Ordered events are numbered per aggregate,
--- gapless within an epoch ('<timeline>.<first seq>.<token>', set by the relay's ingest):
--- the same epoch continues at last_seq + 1; a new epoch (a new aggregate, one the relay
--- forgot and numbers from 1 again, or a promoted standby numbering again from what was
--- replicated) begins at its first seq. An event without an epoch (numbered before the
--- outbox's migration 0015) continues the stored epoch.
+-- recorded; hold it and let it come again).
+--
+-- An event id recorded here is a duplicate, whatever its number says: a redelivery of an
+-- event applied in an epoch the aggregate has since left must not wait for anything.
+-- Ordered events are numbered per aggregate, gapless within an epoch
+-- ('<timeline>.<first seq>.<token>', set by the relay's ingest): the same epoch continues
+-- at last_seq + 1. A new epoch begins at its first seq S: after a promotion the new primary
+-- numbers again from what it had replicated, so the numbers before S were handed out
+-- (in earlier epochs) and S waits until last_seq >= S - 1 (numbers at or past S applied
+-- in the old epoch came from transactions the failover lost: S is applied even so); an
+-- aggregate the relay forgot starts again at S = 1. An event of an epoch older than the
+-- stored one (an earlier timeline) is stale: a duplicate.
+-- An aggregate the inbox has never seen begins at 1 (or anywhere with p_first_unseen).
+-- An event without an epoch (numbered before the outbox's migration 0015) continues the
+-- stored epoch.
 CREATE OR REPLACE FUNCTION {q_receive}(p_event_id uuid, p_aggregate_id text, p_seq bigint, p_epoch text,
                                        p_first_unseen boolean)
 RETURNS TABLE (outcome text, expected bigint)
@@ -40,13 +49,16 @@ DECLARE
     cur_seq   bigint;
     start     bigint;
     found_agg boolean;
+    newer     boolean;
 BEGIN
+    IF EXISTS (SELECT 1 FROM {outbox} AS i WHERE i.event_id = p_event_id) THEN
+        RETURN QUERY SELECT 'duplicate'::text, NULL::bigint;
+        RETURN;
+    END IF;
     IF p_seq IS NOT NULL THEN
         SELECT a.epoch, a.last_seq INTO cur_epoch, cur_seq
           FROM {q_aggregates} AS a WHERE a.aggregate_id = p_aggregate_id FOR UPDATE;
         found_agg := FOUND;
-        -- '<timeline>.<first seq>.<token>': the epoch's first number.
-        start := CASE WHEN p_epoch ~ '^[0-9]+\.[0-9]+\.' THEN split_part(p_epoch, '.', 2)::bigint END;
         IF found_agg AND (p_epoch IS NULL OR p_epoch = cur_epoch) THEN
             IF p_seq <= cur_seq THEN
                 RETURN QUERY SELECT 'duplicate'::text, NULL::bigint;
@@ -55,10 +67,30 @@ BEGIN
                 RETURN QUERY SELECT 'gap'::text, cur_seq + 1;
                 RETURN;
             END IF;
-        ELSIF start IS NOT NULL AND p_seq <> start AND NOT (p_first_unseen AND NOT found_agg) THEN
-            -- A new epoch begins at its first number, nowhere else.
-            RETURN QUERY SELECT 'gap'::text, start;
-            RETURN;
+        ELSIF p_epoch ~ '^[0-9]+\.[0-9]+\.' THEN
+            -- '<timeline>.<first seq>.<token>': the epoch's first number.
+            start := split_part(p_epoch, '.', 2)::bigint;
+            IF NOT found_agg THEN
+                IF p_seq <> 1 AND NOT p_first_unseen THEN
+                    RETURN QUERY SELECT 'gap'::text, 1::bigint;
+                    RETURN;
+                END IF;
+            ELSE
+                -- Newer unless its timeline is earlier than the stored epoch's (an epoch
+                -- from before 0015 is '': every epoch is newer than it).
+                newer := cur_epoch !~ '^[0-9]+\.'
+                         OR split_part(p_epoch, '.', 1)::bigint >= split_part(cur_epoch, '.', 1)::bigint;
+                IF NOT newer THEN
+                    -- The stored epoch began only after every number before its first was
+                    -- applied: what an older one still brings are numbers the failover
+                    -- lost, superseded.
+                    RETURN QUERY SELECT 'duplicate'::text, NULL::bigint;
+                    RETURN;
+                ELSIF p_seq <> start OR cur_seq < start - 1 THEN
+                    RETURN QUERY SELECT 'gap'::text, least(cur_seq + 1, start);
+                    RETURN;
+                END IF;
+            END IF;
         END IF;
     END IF;
     INSERT INTO {outbox} (event_id) VALUES (p_event_id) ON CONFLICT (event_id) DO NOTHING;
