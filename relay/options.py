@@ -52,6 +52,9 @@ class Option:
     # Other TOML tables that may hold ``key``: a setting several brokers share (``region``
     # in ``[sqs]`` or ``[sns]``) is declared once and read from whichever table is written.
     also_in: tuple[str, ...] = ()
+    # No command-line flag, only the variable and the config file: a secret that must not
+    # show in a process list or a shell's history.
+    env_only: bool = False
 
     @property
     def flag(self) -> str:

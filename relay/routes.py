@@ -29,19 +29,25 @@ from relay.globs import glob_matches
 from relay.options import Option
 
 # The key that names a destination, and the broker whose destination it is.
-DESTINATION_KEYS: Mapping[str, str] = {"queue_url": "sqs", "topic_arn": "sns", "exchange": "rabbitmq"}
+DESTINATION_KEYS: Mapping[str, str] = {"queue_url": "sqs", "topic_arn": "sns", "exchange": "rabbitmq", "url": "http"}
 # Keys a route may carry beside its destination, and the broker they belong to.
-EXTRA_KEYS: Mapping[str, str] = {"routing_key": "rabbitmq"}
+EXTRA_KEYS: Mapping[str, str] = {
+    "routing_key": "rabbitmq",
+    # An external API's own credentials and signing secrets, per URL.
+    "http_header_file": "http",
+    "webhook_secret_file": "http",
+}
 # The brokers whose destinations one relay process may mix: SQS queues and SNS topics
 # share the AWS settings (region, endpoint, credentials); an exchange needs RabbitMQ.
 FAMILIES: Mapping[str, frozenset[str]] = {
     "sqs": frozenset({"sqs", "sns"}),
     "sns": frozenset({"sqs", "sns"}),
     "rabbitmq": frozenset({"rabbitmq"}),
+    "http": frozenset({"http"}),
     "log": frozenset(),
 }
 # The option holding each broker's default destination.
-DEFAULT_DESTINATION: Mapping[str, str] = {"sqs": "queue_url", "sns": "topic_arn", "rabbitmq": "exchange"}
+DEFAULT_DESTINATION: Mapping[str, str] = {"sqs": "queue_url", "sns": "topic_arn", "rabbitmq": "exchange", "http": "url"}
 # Where a message goes when no route takes it and no default destination is set.
 NO_DESTINATION = "(no destination)"
 
@@ -147,7 +153,7 @@ def _destination(table: Mapping[str, Any], broker: str, where: str) -> dict[str,
     allowed = FAMILIES.get(broker, frozenset())
     if not allowed:
         raise ConfigError(
-            f"{where}: --broker {broker} has no destinations to route to; routes need sqs, sns or rabbitmq"
+            f"{where}: --broker {broker} has no destinations to route to; routes need sqs, sns, rabbitmq or http"
         )
     named = [k for k in DESTINATION_KEYS if k in table]
     if "destination" in table:  # the command line's form: the started broker's own kind

@@ -29,22 +29,27 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import unquote
 
 import boto3
 import pytest
 
 from relay.adapters.aws.entries import LEFT_OUT as AWS_LEFT_OUT
+from relay.adapters.http.publisher import HttpPublisher
+from relay.adapters.http.settings import HttpSettings
 from relay.adapters.log import LogPublisher
 from relay.adapters.memory import InMemoryPublisher
 from relay.adapters.sns.publisher import SnsPublisher
 from relay.adapters.sns.settings import SnsSettings
 from relay.adapters.sqs.publisher import SqsPublisher
 from relay.adapters.sqs.settings import SqsSettings
-from relay.contract import Publisher
+from relay.contract import Publisher, PublishLimits
 from relay.errors import PermanentError
 from relay.message import OutboxMessage
+from tests.pg_clusters import free_port
 from tests.rabbitmq_broker import Rabbit, unique
 from tests.sqs_server import queue_url, receive_all, unique_queue_name
 
@@ -416,6 +421,83 @@ async def read_queue(sqs_client: Any, url: str, expected: int) -> list[Delivered
     return delivered
 
 
+# ---------------------------------------------------------------------------------------
+# HTTP (a receiver process, tests/http_receiver.py)
+
+
+class HttpTarget(Target):
+    """A webhook receiver in its own process recording every request in PostgreSQL; the
+    missing destination is a port nothing listens on. The receiver answers 422 to the
+    event type ``refuse`` gives a message, as an API refuses a request it finds invalid."""
+
+    REAL_BROKER = True
+    FIXTURES = ("pg_dsn", "tmp_path")
+    REFUSALS = ("422 from the receiver",)
+    REFUSED_TYPE = "RefusedByTheReceiver"
+    # What the HTTP client and the relay add that is no envelope field.
+    TRANSPORT = frozenset(
+        {"host", "user-agent", "accept", "accept-encoding", "content-length", "content-type", "idempotency-key"}
+    )
+    NUMBERS = frozenset({"outbox_id", "attempt", "lease_version", "aggregate_seq"})
+
+    def __init__(self, name: str, fixtures: Mapping[str, Any]) -> None:
+        from tests.http_receiver import Receiver  # starts a process: only when this target runs
+
+        super().__init__(name, fixtures)
+        script = {self.REFUSED_TYPE: [{"status": 422, "body": "refused by the test's receiver"}]}
+        self._receiver = Receiver(fixtures["pg_dsn"], fixtures["tmp_path"], RECEIVER_SCRIPT=json.dumps(script))
+        self._read = 0
+
+    async def _start_publisher(self) -> Publisher:
+        return await self._on(self._receiver.url)
+
+    async def _start_missing(self) -> Publisher:
+        return await self._on(f"http://127.0.0.1:{free_port()}/nothing-listens-here")
+
+    async def _on(self, url: str) -> Publisher:
+        limits = PublishLimits(publish_timeout=timedelta(seconds=10), workers=4, batch_size=50)
+        return await _started(HttpPublisher(HttpSettings.from_values({"url": url}, limits)))
+
+    def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
+        return replace(message, event_type=self.REFUSED_TYPE)
+
+    async def read_delivered(self, expected: int) -> list[Delivered]:
+        deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
+        while True:
+            rows = await asyncio.to_thread(self._delivered)
+            if len(rows) >= expected or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        rows = await asyncio.to_thread(self._delivered)
+        self._read += len(rows)
+        return [Delivered(self._envelope(headers), json.loads(body)) for headers, body in rows]
+
+    def _delivered(self) -> list[tuple[dict[str, str], str]]:
+        rows = self._receiver.query(
+            f"SELECT headers, body FROM requests WHERE status = 200 ORDER BY n OFFSET {self._read}"
+        )
+        return [(dict(h), str(b)) for h, b in rows]
+
+    def _envelope(self, headers: Mapping[str, str]) -> dict[str, str | int]:
+        envelope: dict[str, str | int] = {}
+        for name, value in headers.items():
+            lower = name.lower()
+            if lower in self.TRANSPORT or lower.startswith("webhook-"):
+                continue
+            if lower.startswith("relay-"):
+                field_name = lower[len("relay-") :].replace("-", "_")
+                text = unquote(value)
+                envelope[field_name] = int(text) if field_name in self.NUMBERS else text
+            else:
+                envelope[name] = unquote(value)
+        return envelope
+
+    async def cleanup(self) -> None:
+        await super().cleanup()
+        await asyncio.to_thread(self._receiver.close)
+
+
 def _envelope_of(headers: Mapping[str, object]) -> dict[str, str | int]:
     """AMQP headers as the envelope: each value must have come back a text or an integer."""
     envelope: dict[str, str | int] = {}
@@ -439,4 +521,5 @@ TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("sqs-fifo", SqsTarget, {"fifo": True}),
     TargetSpec("sns-standard", SnsTarget, {"fifo": False}),
     TargetSpec("sns-fifo", SnsTarget, {"fifo": True}),
+    TargetSpec("http", HttpTarget),
 )

@@ -53,6 +53,8 @@ def with_options(options: Sequence[Option]) -> Callable[[F], F]:
 
     def decorate(func: F) -> F:
         for o in reversed(options):
+            if o.env_only:
+                continue
             bounds = f" [{o.bounds}]" if o.bounds else ""
             help_text = o.help + bounds + f" [env {o.env}]"
             if o.kind == "bool":

@@ -1,0 +1,35 @@
+"""The ``http`` destination: each outbox message is one HTTP request to an external API or
+webhook receiver.
+
+``relay start --broker http --url URL`` (or ``RELAY_URL``, or ``url`` in the ``[http]``
+table; routes take ``url = "..."``). The body is the payload as stored
+(``Content-Type: application/json``); ``Idempotency-Key`` is the event's id, the same on
+every retry, restart, replay and failover; the relay's fields go as ``Relay-*`` headers,
+the producer's headers (trace context among them) as they are; with a signing secret,
+Standard Webhooks' ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature``.
+
+How answers are sorted: :mod:`relay.adapters.http.classify`. aiohttp is imported only
+when this destination is used; this module and its options load without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from relay.adapters.http.settings import OPTIONS, HttpSettings
+from relay.contract import PublishLimits
+
+if TYPE_CHECKING:
+    from relay.adapters.http.publisher import HttpPublisher
+
+__all__ = ["OPTIONS", "HttpSettings", "create"]
+
+
+def create(values: Mapping[str, Any], limits: PublishLimits) -> HttpPublisher:
+    """Build the publisher from resolved option values and the core's limits;
+    ``relay.ConfigError`` on bad settings."""
+    settings = HttpSettings.from_values(values, limits)
+    from relay.adapters.http.publisher import HttpPublisher
+
+    return HttpPublisher(settings)

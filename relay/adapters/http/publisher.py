@@ -1,0 +1,208 @@
+"""The HTTP publisher: one request per message, over one aiohttp session per destination
+(a pooled, keep-alive connector of ``--http-concurrency`` connections)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Sequence
+from urllib.parse import quote, urlsplit
+
+import aiohttp
+
+from relay.adapters.http.classify import classify_status
+from relay.adapters.http.settings import RESERVED_HEADERS, HttpSettings
+from relay.adapters.http.signing import signature
+from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
+from relay.dsn import mask
+from relay.errors import BrokerUnavailable, ConfigError, RetryableError, first_line
+from relay.message import OutboxMessage
+
+log = logging.getLogger("relay.adapters.http")
+
+# The relay's fields as request headers: "Relay-" and the field's name in words.
+FIELD_HEADERS = {
+    "outbox_id": "Relay-Outbox-Id",
+    "event_id": "Relay-Event-Id",
+    "aggregate_type": "Relay-Aggregate-Type",
+    "aggregate_id": "Relay-Aggregate-Id",
+    "event_type": "Relay-Event-Type",
+    "attempt": "Relay-Attempt",
+    "lease_version": "Relay-Lease-Version",
+    "aggregate_seq": "Relay-Aggregate-Seq",
+    "aggregate_epoch": "Relay-Aggregate-Epoch",
+    "replay": "Relay-Replay",
+}
+# What a header value may hold as it is: printable ASCII but '%', which starts an escape.
+# Anything else (an aggregate id in Greek, a control character) is percent-encoded UTF-8.
+_SAFE = "".join(chr(c) for c in range(32, 127) if chr(c) != "%")
+
+
+def header_value(value: object) -> str:
+    return quote(str(value), safe=_SAFE)
+
+
+class RateLimit:
+    """At most ``rate`` starts a second, spaced evenly (no bursts: an API's quota counts
+    per second or finer); ``rate`` 0 is no limit."""
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate if rate > 0 else 0.0
+        self._next = 0.0
+
+    async def wait(self) -> None:
+        if not self.interval:
+            return
+        now = time.monotonic()
+        slot = max(now, self._next)
+        self._next = slot + self.interval
+        if slot > now:
+            await asyncio.sleep(slot - now)
+
+
+class HttpPublisher:
+    name = "http"
+
+    def __init__(self, settings: HttpSettings) -> None:
+        self.settings = settings
+        self._session: aiohttp.ClientSession | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._rate = RateLimit(settings.rate)
+        self._timeout = aiohttp.ClientTimeout(total=settings.timeout.total_seconds())
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        s = self.settings
+        try:
+            context = ssl.create_default_context(cafile=s.ca_file)
+            if s.client_cert:
+                context.load_cert_chain(s.client_cert, s.client_key)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"TLS settings for {s.where}: {first_line(exc)}") from None
+        return context
+
+    async def start(self) -> None:
+        self._ssl = self._ssl_context()
+        connector = aiohttp.TCPConnector(limit=self.settings.concurrency, ssl=self._ssl, keepalive_timeout=30)
+        # Our own Content-Type on every request; no cookies kept between messages.
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def headers(self, m: OutboxMessage, now: int) -> dict[str, str]:
+        """A request's headers: the producer's (trace context among them), the destination's
+        static ones, then the relay's, which nothing else may stand in for."""
+        headers: dict[str, str] = {}
+        for name, text in (m.headers or {}).items():
+            if name.lower() not in RESERVED_HEADERS and not name.lower().startswith("relay-"):
+                headers[name] = header_value(text)
+        headers.update(self.settings.headers)
+        event_id = m.event_id or str(m.id)
+        headers["Content-Type"] = "application/json"
+        headers["Idempotency-Key"] = event_id
+        for field, value in m.envelope().items():
+            if field in FIELD_HEADERS:
+                headers[FIELD_HEADERS[field]] = header_value(value)
+        if self.settings.secrets:
+            headers["webhook-id"] = event_id
+            headers["webhook-timestamp"] = str(now)
+            headers["webhook-signature"] = signature(self.settings.secrets, event_id, now, m.body)
+        return headers
+
+    async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:
+        # The core leases at most one ordered message per aggregate into a batch, so the
+        # whole batch may go at once; the semaphore bounds it per destination.
+        return await asyncio.gather(*(self._send(m) for m in batch))
+
+    async def _send(self, m: OutboxMessage) -> Outcome:
+        session = self._session
+        if session is None:
+            return BrokerUnavailable("the HTTP publisher is not started")
+        s = self.settings
+        async with self._slots:
+            await self._rate.wait()
+            try:
+                async with session.request(
+                    s.method,
+                    s.url,
+                    data=m.body,
+                    headers=self.headers(m, int(time.time())),
+                    allow_redirects=s.follow_redirects,
+                ) as response:
+                    body = await response.read() if not 200 <= response.status < 300 else b""
+                    return classify_status(
+                        response.status, response.headers, body, where=s.where, cap=s.retry_after_max
+                    )
+            except aiohttp.ClientConnectorError as exc:
+                # Refused, no such host, TLS handshake or certificate: nothing was sent.
+                return BrokerUnavailable(f"{s.where} unreachable: {mask(first_line(exc))}")
+            except aiohttp.TooManyRedirects as exc:
+                return BrokerUnavailable(f"{s.where}: more than 10 redirects: {mask(first_line(exc))}")
+            except (TimeoutError, aiohttp.ServerTimeoutError):
+                return RetryableError(f"{s.where} did not answer within {s.timeout.total_seconds():g}s")
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if await self._refuses_tls_client():
+                    return BrokerUnavailable(
+                        f"{s.where} closes every connection right after the TLS handshake: it wants a client"
+                        " certificate (--http-client-cert) or refuses the one sent"
+                    )
+                return RetryableError(f"{s.where}: {type(exc).__name__}: {mask(first_line(exc))}")
+            except aiohttp.ClientError as exc:  # closed mid-answer, a malformed answer
+                return RetryableError(f"{s.where}: {type(exc).__name__}: {mask(first_line(exc))}")
+
+    async def _refuses_tls_client(self) -> bool:
+        """Whether an https destination ends a bare request's connection before answering
+        a byte. Under TLS 1.3 a server checks the client's certificate after the handshake
+        has completed for the client, and its refusal reaches the client as a closed or
+        reset connection, which alone would read as a transient fault and spend attempts;
+        a destination that answers this probe at all reset that one request only."""
+        parts = urlsplit(self.settings.url)
+        if parts.scheme != "https" or self._ssl is None:
+            return False
+        host = parts.hostname or ""
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                reader, writer = await asyncio.open_connection(host, parts.port or 443, ssl=self._ssl)
+                try:
+                    writer.write(f"HEAD / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+                    await writer.drain()
+                    answered = await reader.read(1)
+                finally:
+                    writer.close()
+        except TimeoutError:
+            return False  # slow, not refusing
+        except OSError:
+            return True
+        return not answered
+
+    async def check_destinations(self) -> Sequence[DestinationCheck]:
+        """A connection to the URL's host (with its TLS handshake for https): refused,
+        unresolvable or untrusted is unreachable. Whether the URL takes events only a
+        request tells, and a check sends none."""
+        parts = urlsplit(self.settings.url)
+        https = parts.scheme == "https"
+        port = parts.port or (443 if https else 80)
+        where = f"HTTP destination {self.settings.where}"
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                _reader, writer = await asyncio.open_connection(
+                    parts.hostname, port, ssl=(self._ssl or self._ssl_context()) if https else None
+                )
+                writer.close()
+                await writer.wait_closed()
+        except TimeoutError:
+            return [DestinationCheck(where, DestinationState.UNREACHABLE, f"no connection within {CHECK_TIMEOUT_S:g}s")]
+        except (ConnectionRefusedError, socket.gaierror) as exc:
+            # Nothing listens there, or no such host: as missing as a queue nobody made.
+            return [DestinationCheck(where, DestinationState.MISSING, mask(first_line(exc)))]
+        except OSError as exc:  # a TLS handshake or certificate failure among them
+            return [DestinationCheck(where, DestinationState.UNREACHABLE, mask(first_line(exc)))]
+        return [DestinationCheck(where, DestinationState.EXISTS, "it accepts connections; a check sends no request")]

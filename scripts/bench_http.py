@@ -1,0 +1,203 @@
+"""The HTTP destination's throughput: `relay start --broker http` into a local receiver
+against a raw aiohttp client posting the same messages at the same concurrency, in the
+same run, as a ratio; and the CPU each spends per message.
+
+The receiver is a bare aiohttp server in its own process answering 200 to everything (it
+records nothing, so it is never the bottleneck it would be with a database behind it). The
+relay's rate counts from the receiver's first request to its N-th, so the process's
+start-up is left out; its CPU is the relay process's user+system time over its whole run
+(start-up included, about 0.5 s, which the per-message figure says).
+
+    python scripts/bench_http.py [--messages 20000] [--concurrency 32] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psycopg
+from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from relay.sqlfiles import schema_sql
+from relay.sqlnames import OutboxNames
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+SCHEMA = "bench_http"
+PAYLOAD = json.dumps({"order_id": 42, "amount": "19.90", "currency": "EUR", "note": "x" * 200})
+RELAY = str(Path(sys.executable).with_name("relay"))
+
+RECEIVER = textwrap.dedent(
+    """
+    import sys
+    from aiohttp import web
+    count = 0
+    async def hook(request):
+        global count
+        await request.read()
+        count += 1
+        return web.Response(text="ok")
+    async def seen(request):
+        return web.Response(text=str(count))
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    app.router.add_get("/count", seen)
+    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
+    """
+)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def count(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/count", timeout=5) as r:
+        return int(r.read())
+
+
+def cpu_of(pid: int) -> float:
+    """User + system seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def setup(dsn: str, messages: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
+        conn.execute(OutboxNames(SCHEMA).render(schema_sql()))
+    # The plain SKIP LOCKED path, like the raw client's unordered posts.
+    subprocess.run(
+        [RELAY, "settings", "set", "--dsn", dsn, "--schema", SCHEMA, "--ordering-default", "unordered"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+                " SELECT 'order', 'order-' || (g %% 1000), 'OrderPaid', %s::jsonb FROM generate_series(1, %s) AS g"
+            ).format(sql.Identifier(SCHEMA, "outbox")),
+            (PAYLOAD, messages),
+        )
+        conn.execute("CHECKPOINT")
+
+
+def relay_run(dsn: str, port: int, messages: int, concurrency: int) -> tuple[float, float]:
+    """Messages per second and CPU seconds per message of one relay process draining the outbox."""
+    before = count(port)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update(RELAY_DSN=dsn, RELAY_LOG_LEVEL="warning")
+    proc = subprocess.Popen(
+        [RELAY, "start", "--schema", SCHEMA, "--broker", "http", "--url", f"http://127.0.0.1:{port}/hook",
+         "--workers", "4", "--batch-size", "100", "--http-concurrency", str(concurrency),
+         "--poll-interval", "50ms"],
+        env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while count(port) == before:
+            time.sleep(0.005)
+        started = time.perf_counter()
+        while count(port) < before + messages:
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - started
+        cpu = cpu_of(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return messages / elapsed, cpu / messages
+
+
+async def raw_run(port: int, messages: int, concurrency: int) -> tuple[float, float]:
+    """The same messages posted by a bare aiohttp client, ``concurrency`` at a time."""
+    url = f"http://127.0.0.1:{port}/hook"
+    body = PAYLOAD.encode()
+    slots = asyncio.Semaphore(concurrency)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
+        async def post(i: int) -> None:
+            async with slots:
+                headers = {"Content-Type": "application/json", "Idempotency-Key": str(uuid.uuid4()),
+                           "Relay-Outbox-Id": str(i), "Relay-Event-Type": "OrderPaid"}  # fmt: skip
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    assert response.status == 200
+
+        started = time.perf_counter()
+        await asyncio.gather(*(post(i) for i in range(messages)))
+        elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
+    return messages / elapsed, cpu / messages
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dsn", default=os.environ.get("RELAY_BENCH_DSN", DEFAULT_DSN))
+    ap.add_argument("--messages", type=int, default=20_000)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.messages, args.rounds = 3000, 1
+    port = free_port()
+    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port)])
+    results: dict[str, list[tuple[float, float]]] = {"relay": [], "raw": []}
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                count(port)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        for r in range(args.rounds):
+            order: Any = ("relay", "raw") if r % 2 == 0 else ("raw", "relay")
+            for variant in order:
+                if variant == "relay":
+                    setup(args.dsn, args.messages)
+                    results["relay"].append(relay_run(args.dsn, port, args.messages, args.concurrency))
+                else:
+                    results["raw"].append(asyncio.run(raw_run(port, args.messages, args.concurrency)))
+    finally:
+        receiver.terminate()
+        receiver.wait()
+        with psycopg.connect(args.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+    relay_rate = statistics.median(r for r, _ in results["relay"])
+    raw_rate = statistics.median(r for r, _ in results["raw"])
+    relay_cpu = statistics.median(c for _, c in results["relay"]) * 1e6
+    raw_cpu = statistics.median(c for _, c in results["raw"]) * 1e6
+    print(f"HTTP: {args.messages:,} messages, concurrency {args.concurrency}, median of {args.rounds} rounds")
+    print("| sender | messages/s | CPU per message |\n|---|---|---|")
+    print(f"| raw aiohttp client | {raw_rate:,.0f} | {raw_cpu:,.0f} µs |")
+    print(f"| relay start --broker http | {relay_rate:,.0f} | {relay_cpu:,.0f} µs |")
+    print(f"ratio relay/raw: {relay_rate / raw_rate:.2f}x; CPU {relay_cpu / raw_cpu:.2f}x the raw client's")
+    print("rounds:", {k: [f"{r:,.0f}/s" for r, _ in v] for k, v in results.items()})
+
+
+if __name__ == "__main__":
+    main()

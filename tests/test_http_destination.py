@@ -1,0 +1,329 @@
+"""`relay start --broker http` against real HTTP servers on 127.0.0.1, each in its own
+process (tests/http_receiver.py): what the receiver got is the oracle. It verifies every
+signature with the `standardwebhooks` package, and applies each Idempotency-Key's effect
+once.
+
+Failure classes (2xx, 5xx, 429 with Retry-After, 409, 422, slow answers, resets, 401, a
+redirect, a closed port), TLS with a throwaway CA (trustme) and a wrong one, mutual TLS,
+signing with rotating secrets that never reach the logs, the rate limit, and delivery and
+order with relays SIGKILLed meanwhile for producers that lock the aggregate and producers
+that do not.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+from tests.conftest import Db
+from tests.deliveries import ORDERED, store_fleet_ordering
+from tests.http_receiver import Receiver
+from tests.pg_clusters import free_port
+from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
+from tests.relay_process import RelayProcess, relay_env, wait_until
+
+SECRET_OLD = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SECRET_NEW = "whsec_" + "c2VjcmV0LWZvci10aGUtbmV3LXJvdGF0aW9uLWtleQ=="
+
+
+@pytest.fixture
+def receivers(pg_dsn: str, tmp_path: Path) -> Iterator[Callable[..., Receiver]]:
+    made: list[Receiver] = []
+
+    def make(**env: Any) -> Receiver:
+        port = env.pop("port", None)
+        receiver = Receiver(pg_dsn, tmp_path, port=port, **{k: str(v) for k, v in env.items()})
+        made.append(receiver)
+        return receiver
+
+    yield make
+    for receiver in made:
+        receiver.close()
+
+
+def http_relay(names: Any, url: str, *extra: str, env: dict[str, str], relays: list[RelayProcess]) -> RelayProcess:
+    relay = RelayProcess(
+        "start", "--schema", names.schema, "--broker", "http", "--url", url,
+        "--workers", "2", "--batch-size", "20", "--lease", "5s", "--publish-timeout", "3s",
+        "--poll-interval", "100ms", "--backoff-base", "100ms", "--backoff-cap", "300ms", *extra,
+        env=env,
+    )  # fmt: skip
+    relays.append(relay)
+    return relay
+
+
+def settled(db: Db, count: int) -> Callable[[], bool]:
+    def check() -> bool:
+        statuses = db.statuses()
+        return statuses.get("done", 0) + statuses.get("dead", 0) == count
+
+    return check
+
+
+def test_each_answer_is_sorted_into_its_failure_class(
+    db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess]
+) -> None:
+    script = {
+        "Flaky": [{"status": 500, "times": 2, "body": "try later"}],
+        "Throttled": [{"status": 429, "times": 1, "retry_after": "2"}],
+        "Busy": [{"status": 409, "times": 1}],
+        "Invalid": [{"status": 422, "body": "field amount: must be positive " + "x" * 1000}],
+        "Slow": [{"status": 200, "times": 1, "delay_s": 2.5}],
+        "Reset": [{"reset": True, "times": 1}],
+    }
+    receiver = receivers(RECEIVER_SCRIPT=json.dumps(script), RECEIVER_SECRETS=SECRET_OLD)
+    types = ["Ok", "Flaky", "Throttled", "Busy", "Invalid", "Slow", "Reset"]
+    db.insert((f"agg-{t}", t, {"n": i}) for i, t in enumerate(types))
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_WEBHOOK_SECRET=SECRET_OLD)
+    relay = http_relay(db.names, receiver.url, "--http-timeout", "1s", env=env, relays=relays)
+    assert wait_until(settled(db, len(types)), timeout=40), (db.statuses(), relay.tail())
+    rows = {r["event_type"]: r for r in db.rows()}
+    got = receiver.requests()
+
+    def attempts(t: str) -> int:
+        return int(rows[t]["attempts"])
+
+    assert {t: rows[t]["status"] for t in types} == {**dict.fromkeys(types, "done"), "Invalid": "dead"}
+    assert attempts("Ok") == 1
+    assert attempts("Flaky") == 3  # two 500s, each an attempt
+    assert attempts("Busy") == 2
+    assert attempts("Slow") == 2 and attempts("Reset") == 2
+    # A Retry-After refunds the attempt, and the next request waits for it.
+    assert attempts("Throttled") == 1
+    throttled = [r["at"] for r in got if r["event_type"] == "Throttled"]
+    assert len(throttled) == 2 and (throttled[1] - throttled[0]).total_seconds() >= 1.9
+    # A 4xx is permanent at the first attempt; last_error says the status and the start of the body.
+    assert attempts("Invalid") == 1
+    error = rows["Invalid"]["last_error"]
+    assert "422" in error and "field amount: must be positive" in error and len(error) < 400
+    # Every request carried the event's id as its key, the same on every retry, and signed.
+    for r in got:
+        row = rows[r["event_type"]]
+        assert r["idempotency_key"] == str(row["event_id"]) and r["outbox_id"] == row["id"]
+        assert r["verified"] is True
+        assert r["headers"]["Content-Type"] == "application/json"
+        assert json.loads(r["body"]) == row["payload"]
+    # The slow answer's effect happened once though the relay sent it twice.
+    keys = receiver.query("SELECT idempotency_key FROM effects")
+    assert sorted(k for (k,) in keys) == sorted(str(rows[t]["event_id"]) for t in types if t != "Invalid")
+    relay.stop()
+    relay.assert_clean_exit()
+
+
+def test_a_closed_port_holds_messages_unspent_until_the_receiver_is_up(
+    db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess]
+) -> None:
+    port, metrics = free_port(), free_port()
+    ids = db.insert((f"agg-{i}", "OrderPlaced", {"i": i}) for i in range(5))
+    env = relay_env(RELAY_DSN=relay_dsn)
+    url = f"http://127.0.0.1:{port}/hooks"
+    relay = http_relay(db.names, url, "--metrics-port", str(metrics), env=env, relays=relays)
+
+    def readyz() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/readyz", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError:
+            return 0, ""
+
+    assert wait_until(lambda: readyz()[0] == 503, timeout=20), relay.tail()
+    assert f"127.0.0.1:{port}" in readyz()[1]
+    time.sleep(2)
+    rows = db.rows()
+    assert {r["status"] for r in rows} == {"pending"} and {r["attempts"] for r in rows} == {0}, rows
+    receiver = receivers(port=port)
+    assert wait_until(settled(db, len(ids)), timeout=30), (db.statuses(), relay.tail())
+    assert {r["attempts"] for r in db.rows()} == {1}
+    assert len(receiver.requests()) == 5
+    assert wait_until(lambda: readyz()[0] == 200, timeout=20), readyz()
+    assert "unreachable" in relay.stderr()
+
+
+def test_redirects_and_unauthorized_hold_the_destination_without_spending_attempts(
+    db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess]
+) -> None:
+    script = {"Moved": [{"status": 308, "times": 3}], "Locked": [{"status": 401, "times": 2}]}
+    receiver = receivers(RECEIVER_SCRIPT=json.dumps(script))
+    db.insert([("a", "Moved", {}), ("b", "Locked", {})])
+    relay = http_relay(db.names, receiver.url, env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
+    assert wait_until(settled(db, 2), timeout=40), (db.statuses(), relay.tail())
+    assert {r["event_type"]: r["attempts"] for r in db.rows()} == {"Moved": 1, "Locked": 1}
+    assert "a redirect to" in relay.stderr() or "308" in relay.stderr()
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+def _pem(tmp: Path, name: str, blob: Any) -> str:
+    path = tmp / name
+    blob.write_to_path(str(path))
+    return str(path)
+
+
+def test_tls_with_its_ca_delivers_and_with_a_wrong_ca_holds(
+    db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess], ca: trustme.CA,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    server = ca.issue_cert("127.0.0.1")
+    cert = _pem(tmp_path, "server.pem", server.private_key_and_cert_chain_pem)
+    receiver = receivers(RECEIVER_CERT=cert)
+    db.insert([("a", "OrderPlaced", {"n": 1})])
+    wrong = _pem(tmp_path, "wrong-ca.pem", trustme.CA().cert_pem)
+    env = relay_env(RELAY_DSN=relay_dsn)
+    relay = http_relay(db.names, receiver.url, "--http-ca-file", wrong, env=env, relays=relays)
+    assert wait_until(lambda: "certificate" in relay.stderr().lower(), timeout=20), relay.tail()
+    relay.stop()
+    [row] = db.rows()
+    assert row["status"] == "pending" and row["attempts"] == 0 and receiver.requests() == []
+    right = _pem(tmp_path, "ca.pem", ca.cert_pem)
+    http_relay(db.names, receiver.url, "--http-ca-file", right, env=env, relays=relays)
+    assert wait_until(settled(db, 1), timeout=20)
+    assert db.rows()[0]["attempts"] == 1 and len(receiver.requests()) == 1
+
+
+def test_mutual_tls_sends_the_client_certificate(
+    db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess], ca: trustme.CA,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    server = _pem(tmp_path, "server.pem", ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem)
+    client = _pem(tmp_path, "client.pem", ca.issue_cert("relay@example.com").private_key_and_cert_chain_pem)
+    ca_file = _pem(tmp_path, "ca.pem", ca.cert_pem)
+    receiver = receivers(RECEIVER_CERT=server, RECEIVER_CLIENT_CA=ca_file)
+    db.insert([("a", "OrderPlaced", {"n": 1})])
+    env = relay_env(RELAY_DSN=relay_dsn)
+    without = http_relay(db.names, receiver.url, "--http-ca-file", ca_file, env=env, relays=relays)
+    time.sleep(3)
+    without.stop()
+    assert db.rows()[0]["attempts"] == 0 and receiver.requests() == [], db.rows()[0]["last_error"]
+    http_relay(db.names, receiver.url, "--http-ca-file", ca_file, "--http-client-cert", client, env=env, relays=relays)
+    assert wait_until(settled(db, 1), timeout=20)
+    assert len(receiver.requests()) == 1
+
+
+def test_rotating_secrets_sign_every_request_and_never_reach_the_logs(
+    db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    # The receiver knows only the new secret; the relay signs with both while rotating.
+    receiver = receivers(RECEIVER_SECRETS=SECRET_NEW, RECEIVER_SCRIPT=json.dumps({"Bad": [{"status": 400}]}))
+    secrets = tmp_path / "secrets"
+    secrets.write_text(f"{SECRET_OLD}\n{SECRET_NEW}\n")
+    token = "Bearer tok-" + uuid.uuid4().hex
+    headers = tmp_path / "headers"
+    headers.write_text(f"# the CRM's key\nAuthorization: {token}\n")
+    db.insert([(f"a{i}", "OrderPlaced", {"i": i}) for i in range(10)] + [("z", "Bad", {"i": token})])
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_LOG_LEVEL="debug")
+    relay = http_relay(
+        db.names, receiver.url, "--webhook-secret-file", str(secrets), "--http-header-file", str(headers),
+        env=env, relays=relays,
+    )  # fmt: skip
+    assert wait_until(settled(db, 11), timeout=30), relay.tail()
+    relay.stop()
+    got = receiver.requests()
+    assert len(got) == 11 and all(r["verified"] for r in got)
+    assert all(r["headers"]["Authorization"] == token for r in got)
+    assert all(len(r["headers"]["webhook-signature"].split()) == 2 for r in got)
+    output = relay.stdout() + relay.stderr()
+    for secret in (SECRET_OLD, SECRET_NEW, SECRET_OLD[6:], SECRET_NEW[6:], token, token[7:]):
+        assert secret not in output
+    # A flag would put a secret in the process list: there is none.
+    refused = subprocess.run(
+        [str(Path(sys.executable).with_name("relay")), "start", "--broker", "http", "--webhook-secret", SECRET_OLD],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "No such option" in refused.stderr
+
+
+def test_the_rate_limit_spaces_requests(
+    db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess]
+) -> None:
+    receiver = receivers()
+    db.insert((f"a{i}", "OrderPlaced", {"i": i}) for i in range(30))
+    relay = http_relay(db.names, receiver.url, "--http-rate", "20", env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
+    assert wait_until(settled(db, 30), timeout=30), relay.tail()
+    times = [r["at"] for r in receiver.requests()]
+    assert len(times) == 30
+    # 30 requests at 20/s: the last at least 29 intervals (1.45 s) after the first.
+    assert (times[-1] - times[0]).total_seconds() >= 1.4
+
+
+@pytest.mark.parametrize("kind", ["locked", "unlocked"])
+def test_every_committed_event_reaches_the_receiver_once_in_order_with_relays_killed(
+    kind: str, pg_dsn: str, producer_dsn: str, relay_dsn: str, db: Db, receivers: Callable[..., Receiver],
+    relays: list[RelayProcess],
+) -> None:  # fmt: skip
+    names = db.names
+    store_fleet_ordering(pg_dsn, names)
+    # Now and then a 500 or a slow answer, so retries and timeouts happen too.
+    flaky = {
+        "OrderUpdated": [{"status": 503, "times": 1}],
+        "EmailQueued": [{"status": 200, "times": 1, "delay_s": 0.2}],
+    }
+    receiver = receivers(RECEIVER_SCRIPT=json.dumps(flaky), RECEIVER_SECRETS=SECRET_OLD)
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_WEBHOOK_SECRET=SECRET_OLD, RELAY_LOG_LEVEL="warning")
+    log = CommitLog()
+    if kind == "locked":
+        aggregates = [f"order-L{i}" for i in range(10)]
+        create_producer_tables(pg_dsn, names, aggregates, producer_dsn=producer_dsn)
+        producers = LockedProducers(
+            producer_dsn, names, aggregates, log, threads=3, unordered_type="EmailQueued", seed=27, pause_s=0.02
+        )
+        thread = threading.Thread(target=producers.run, args=(40,))
+    else:
+        aggregates = [f"order-U{i}" for i in range(6)]
+        thread = threading.Thread(
+            target=produce_unlocked,
+            args=(producer_dsn, names, aggregates, log),
+            kwargs={"rounds": 25, "seed": 27, "pause_s": (0.0, 0.1)},
+        )
+
+    def start() -> None:
+        http_relay(names, receiver.url, "--ordered", ORDERED, "--lease", "3s", "--publish-timeout", "2s",
+                   env=env, relays=relays)  # fmt: skip
+
+    start()
+    start()
+    thread.start()
+    rng = random.Random(27)
+    kills = 0
+    while thread.is_alive() or kills < 3:
+        time.sleep(rng.uniform(1, 2))
+        victim = rng.choice([r for r in relays if r.running()])
+        victim.kill()
+        kills += 1
+        start()
+    thread.join()
+    total = len(db.rows())
+    assert wait_until(lambda: db.statuses().get("done", 0) == total, timeout=60), (db.statuses(), relays[-1].tail())
+
+    effects = receiver.query("SELECT outbox_id, aggregate_id FROM effects ORDER BY applied")
+    received = {int(o) for o, _a in effects}
+    assert received == {r["id"] for r in db.rows()}
+    keys = receiver.query("SELECT idempotency_key, count(*) FROM requests WHERE status = 200 GROUP BY 1")
+    assert all(n >= 1 for _k, n in keys) and len(keys) == total
+    assert all(r["verified"] for r in receiver.requests())
+    expected = log.expected()
+    applied: dict[str, list[int]] = {}
+    for outbox_id, aggregate in effects:
+        applied.setdefault(aggregate, []).append(int(outbox_id))
+    ordered_ids = {i for ids in expected.values() for i in ids}
+    for aggregate, ids in expected.items():
+        assert [i for i in applied.get(aggregate, []) if i in ordered_ids] == ids, aggregate
+    assert kills >= 3
+    for relay in relays:
+        relay.close()
