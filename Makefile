@@ -105,6 +105,7 @@ bench: venv
 	$(BIN)/python scripts/bench_scale.py $(BENCH_SCALE_ARGS)
 	$(BIN)/python scripts/bench_replay.py $(BENCH_REPLAY_ARGS)
 	$(BIN)/python scripts/bench_api.py
+	$(BIN)/python scripts/bench_http.py
 
 bench-rabbitmq: venv
 	$(BIN)/python scripts/bench_rabbitmq.py

@@ -165,6 +165,27 @@ def test_redirects_and_unauthorized_hold_the_destination_without_spending_attemp
     assert "a redirect to" in relay.stderr() or "308" in relay.stderr()
 
 
+def test_routes_send_event_types_to_their_own_urls_with_their_own_credentials(
+    db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    crm, billing = receivers(), receivers()
+    token = "Bearer crm-" + uuid.uuid4().hex
+    crm_headers = tmp_path / "crm-headers"
+    crm_headers.write_text(f"Authorization: {token}\n")
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'[[routes]]\nmatch = "Customer*"\nurl = "{crm.url}"\nhttp_header_file = "{crm_headers}"\n'
+    )
+    db.insert([("c1", "CustomerCreated", {}), ("o1", "OrderPaid", {}), ("c2", "CustomerMoved", {})])
+    env = relay_env(RELAY_DSN=relay_dsn)
+    relay = http_relay(db.names, billing.url, "--config", str(config), env=env, relays=relays)
+    assert wait_until(settled(db, 3), timeout=20), relay.tail()
+    assert sorted(r["event_type"] for r in crm.requests()) == ["CustomerCreated", "CustomerMoved"]
+    assert all(r["headers"]["Authorization"] == token for r in crm.requests())
+    [paid] = billing.requests()
+    assert paid["event_type"] == "OrderPaid" and "Authorization" not in paid["headers"]
+
+
 @pytest.fixture(scope="module")
 def ca() -> trustme.CA:
     return trustme.CA()

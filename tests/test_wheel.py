@@ -70,6 +70,12 @@ def test_a_venv_with_only_the_rabbitmq_extra(wheel: Path, tmp_path: Path, pg_dsn
     assert sqs.returncode == 2, sqs.stderr
     lines = sqs.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'outbox-relay[sqs]'" in lines[0], sqs.stderr
+    http = subprocess.run(
+        [str(relay), "start", "--dsn", pg_dsn, "--broker", "http", "--url", "https://api.example.com/hooks"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = http.stderr.strip().splitlines()
+    assert http.returncode == 2 and len(lines) == 1 and "pip install 'outbox-relay[http]'" in lines[0], http.stderr
     # And the broker it was installed for runs: migrate an outbox, start, stop on SIGTERM.
     schema = f"w_{uuid.uuid4().hex[:10]}"
     common = ("--dsn", pg_dsn, "--schema", schema)

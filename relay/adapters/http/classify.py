@@ -36,11 +36,11 @@ PERMANENT_5XX = frozenset({501, 505})
 
 def shown_body(body: bytes) -> str:
     """The first bytes of an answer for ``last_error``: decoded leniently, control
-    characters replaced, secrets masked, cut with its length said."""
+    characters replaced, secrets masked, cut (``...`` says so)."""
     text = body[:BODY_SHOWN_BYTES].decode("utf-8", "replace")
     text = "".join(c if c.isprintable() else " " for c in text).strip()
     if len(body) > BODY_SHOWN_BYTES:
-        text += f"... ({len(body):,} bytes)"
+        text += "..."
     return mask(text)
 
 

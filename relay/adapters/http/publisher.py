@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import ssl
 import time
@@ -13,7 +14,7 @@ from urllib.parse import quote, urlsplit
 
 import aiohttp
 
-from relay.adapters.http.classify import classify_status
+from relay.adapters.http.classify import BODY_SHOWN_BYTES, classify_status
 from relay.adapters.http.settings import RESERVED_HEADERS, HttpSettings
 from relay.adapters.http.signing import signature
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
@@ -39,10 +40,32 @@ FIELD_HEADERS = {
 # What a header value may hold as it is: printable ASCII but '%', which starts an escape.
 # Anything else (an aggregate id in Greek, a control character) is percent-encoded UTF-8.
 _SAFE = "".join(chr(c) for c in range(32, 127) if chr(c) != "%")
+_PLAIN = re.compile(r"[\x20-\x24\x26-\x7e]*")
 
 
 def header_value(value: object) -> str:
-    return quote(str(value), safe=_SAFE)
+    text = str(value)
+    # Almost every value needs no escape: the match is cheaper than quote()'s walk.
+    return text if _PLAIN.fullmatch(text) else quote(text, safe=_SAFE)
+
+
+# An answer bigger than this is not read to its end: its connection is closed instead.
+_DRAIN_MAX_BYTES = 1 << 20
+
+
+async def _drain(response: aiohttp.ClientResponse) -> bytes:
+    """The first bytes of ``response``'s body (what :func:`classify_status` may show),
+    the rest read and dropped up to ``_DRAIN_MAX_BYTES``."""
+    kept = b""
+    total = 0
+    while total <= _DRAIN_MAX_BYTES:
+        chunk = await response.content.readany()
+        if not chunk:
+            break
+        if len(kept) < BODY_SHOWN_BYTES + 1:
+            kept += chunk[: BODY_SHOWN_BYTES + 1 - len(kept)]
+        total += len(chunk)
+    return kept
 
 
 class RateLimit:
@@ -73,6 +96,7 @@ class HttpPublisher:
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._rate = RateLimit(settings.rate)
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout.total_seconds())
+        self._where = settings.where
 
     def _ssl_context(self) -> ssl.SSLContext:
         s = self.settings
@@ -137,26 +161,29 @@ class HttpPublisher:
                     headers=self.headers(m, int(time.time())),
                     allow_redirects=s.follow_redirects,
                 ) as response:
-                    body = await response.read() if not 200 <= response.status < 300 else b""
+                    # Read to its end, so that the connection goes back to the pool for
+                    # the next request (an answer left unread closes it), but keep no
+                    # more of it than an error line shows.
+                    body = await _drain(response)
                     return classify_status(
-                        response.status, response.headers, body, where=s.where, cap=s.retry_after_max
+                        response.status, response.headers, body, where=self._where, cap=s.retry_after_max
                     )
             except aiohttp.ClientConnectorError as exc:
                 # Refused, no such host, TLS handshake or certificate: nothing was sent.
-                return BrokerUnavailable(f"{s.where} unreachable: {mask(first_line(exc))}")
+                return BrokerUnavailable(f"{self._where} unreachable: {mask(first_line(exc))}")
             except aiohttp.TooManyRedirects as exc:
-                return BrokerUnavailable(f"{s.where}: more than 10 redirects: {mask(first_line(exc))}")
+                return BrokerUnavailable(f"{self._where}: more than 10 redirects: {mask(first_line(exc))}")
             except (TimeoutError, aiohttp.ServerTimeoutError):
-                return RetryableError(f"{s.where} did not answer within {s.timeout.total_seconds():g}s")
+                return RetryableError(f"{self._where} did not answer within {s.timeout.total_seconds():g}s")
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 if await self._refuses_tls_client():
                     return BrokerUnavailable(
-                        f"{s.where} closes every connection right after the TLS handshake: it wants a client"
+                        f"{self._where} closes every connection right after the TLS handshake: it wants a client"
                         " certificate (--http-client-cert) or refuses the one sent"
                     )
-                return RetryableError(f"{s.where}: {type(exc).__name__}: {mask(first_line(exc))}")
+                return RetryableError(f"{self._where}: {type(exc).__name__}: {mask(first_line(exc))}")
             except aiohttp.ClientError as exc:  # closed mid-answer, a malformed answer
-                return RetryableError(f"{s.where}: {type(exc).__name__}: {mask(first_line(exc))}")
+                return RetryableError(f"{self._where}: {type(exc).__name__}: {mask(first_line(exc))}")
 
     async def _refuses_tls_client(self) -> bool:
         """Whether an https destination ends a bare request's connection before answering
