@@ -32,7 +32,7 @@ from tests.deliveries import ORDERED, store_fleet_ordering
 from tests.http_receiver import Receiver
 from tests.pg_clusters import free_port
 from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
-from tests.relay_process import RelayProcess, relay_env, wait_until
+from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
 
 SECRET_OLD = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SECRET_NEW = "whsec_" + "c2VjcmV0LWZvci10aGUtbmV3LXJvdGF0aW9uLWtleQ=="
@@ -173,9 +173,7 @@ def test_routes_send_event_types_to_their_own_urls_with_their_own_credentials(
     crm_headers = tmp_path / "crm-headers"
     crm_headers.write_text(f"Authorization: {token}\n")
     config = tmp_path / "relay.toml"
-    config.write_text(
-        f'[[routes]]\nmatch = "Customer*"\nurl = "{crm.url}"\nhttp_header_file = "{crm_headers}"\n'
-    )
+    config.write_text(f'[[routes]]\nmatch = "Customer*"\nurl = "{crm.url}"\nhttp_header_file = "{crm_headers}"\n')
     db.insert([("c1", "CustomerCreated", {}), ("o1", "OrderPaid", {}), ("c2", "CustomerMoved", {})])
     env = relay_env(RELAY_DSN=relay_dsn)
     relay = http_relay(db.names, billing.url, "--config", str(config), env=env, relays=relays)
@@ -184,6 +182,30 @@ def test_routes_send_event_types_to_their_own_urls_with_their_own_credentials(
     assert all(r["headers"]["Authorization"] == token for r in crm.requests())
     [paid] = billing.requests()
     assert paid["event_type"] == "OrderPaid" and "Authorization" not in paid["headers"]
+
+
+def test_a_replay_sends_the_same_key_with_the_replay_header(
+    db: Db, pg_dsn: str, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess]
+) -> None:
+    receiver = receivers(RECEIVER_SECRETS=SECRET_OLD)
+    ids = db.insert((f"a{i}", "OrderPlaced", {"i": i}) for i in range(4))
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_WEBHOOK_SECRET=SECRET_OLD)
+    relay = http_relay(db.names, receiver.url, env=env, relays=relays)
+    assert wait_until(settled(db, 4), timeout=20), relay.tail()
+    relay.stop()
+    replay = run_relay(
+        "replay", "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "http", "--url", receiver.url,
+        "--from-id", str(ids[0]), "--run-id", "rebuild-1",
+        env=relay_env(RELAY_WEBHOOK_SECRET=SECRET_OLD),
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    got = receiver.requests()
+    live, again = got[:4], got[4:]
+    assert len(again) == 4 and all(r["verified"] for r in got)
+    assert sorted(r["idempotency_key"] for r in again) == sorted(r["idempotency_key"] for r in live)
+    assert {r["headers"].get("Relay-Replay") for r in again} == {"rebuild-1"}
+    assert "Relay-Replay" not in live[0]["headers"]
+    assert len(receiver.query("SELECT 1 FROM effects")) == 4  # the receiver applied each once
 
 
 @pytest.fixture(scope="module")
