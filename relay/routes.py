@@ -29,7 +29,13 @@ from relay.globs import glob_matches
 from relay.options import Option
 
 # The key that names a destination, and the broker whose destination it is.
-DESTINATION_KEYS: Mapping[str, str] = {"queue_url": "sqs", "topic_arn": "sns", "exchange": "rabbitmq", "url": "http"}
+DESTINATION_KEYS: Mapping[str, str] = {
+    "queue_url": "sqs",
+    "topic_arn": "sns",
+    "exchange": "rabbitmq",
+    "url": "http",
+    "topic": "kafka",
+}
 # Keys a route may carry beside its destination, and the broker they belong to.
 EXTRA_KEYS: Mapping[str, str] = {
     "routing_key": "rabbitmq",
@@ -44,10 +50,17 @@ FAMILIES: Mapping[str, frozenset[str]] = {
     "sns": frozenset({"sqs", "sns"}),
     "rabbitmq": frozenset({"rabbitmq"}),
     "http": frozenset({"http"}),
+    "kafka": frozenset({"kafka"}),
     "log": frozenset(),
 }
 # The option holding each broker's default destination.
-DEFAULT_DESTINATION: Mapping[str, str] = {"sqs": "queue_url", "sns": "topic_arn", "rabbitmq": "exchange", "http": "url"}
+DEFAULT_DESTINATION: Mapping[str, str] = {
+    "sqs": "queue_url",
+    "sns": "topic_arn",
+    "rabbitmq": "exchange",
+    "http": "url",
+    "kafka": "topic",
+}
 # Where a message goes when no route takes it and no default destination is set.
 NO_DESTINATION = "(no destination)"
 
@@ -153,7 +166,7 @@ def _destination(table: Mapping[str, Any], broker: str, where: str) -> dict[str,
     allowed = FAMILIES.get(broker, frozenset())
     if not allowed:
         raise ConfigError(
-            f"{where}: --broker {broker} has no destinations to route to; routes need sqs, sns, rabbitmq or http"
+            f"{where}: --broker {broker} has no destinations to route to; routes need sqs, sns, rabbitmq, http or kafka"
         )
     named = [k for k in DESTINATION_KEYS if k in table]
     if "destination" in table:  # the command line's form: the started broker's own kind

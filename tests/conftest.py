@@ -36,6 +36,7 @@ pytest_plugins = (
     "tests.sqs_server",
     "tests.sns_server",
     "tests.pg_clusters",
+    "tests.kafka_broker",
     "tests.console_seed",
 )
 

@@ -40,6 +40,8 @@ import pytest
 from relay.adapters.aws.entries import LEFT_OUT as AWS_LEFT_OUT
 from relay.adapters.http.publisher import HttpPublisher
 from relay.adapters.http.settings import HttpSettings
+from relay.adapters.kafka.publisher import KafkaPublisher
+from relay.adapters.kafka.settings import KafkaSettings
 from relay.adapters.log import LogPublisher
 from relay.adapters.memory import InMemoryPublisher
 from relay.adapters.sns.publisher import SnsPublisher
@@ -498,6 +500,65 @@ class HttpTarget(Target):
         await asyncio.to_thread(self._receiver.close)
 
 
+# ---------------------------------------------------------------------------------------
+# Kafka (noida-db, tests/kafka_broker.py)
+
+
+class KafkaTarget(Target):
+    """A topic of the test's own on the session's Kafka-protocol broker, read back from the
+    beginning; the missing destination is a topic nobody created (the relay never creates
+    one); the refusal is the adapter's own --kafka-max-message-size, as on RabbitMQ."""
+
+    REAL_BROKER = True
+    FIXTURES = ("kafka",)
+    REFUSALS = ("over --kafka-max-message-size",)
+    MAX_MESSAGE_SIZE = 16 * 1024
+    NUMBERS = frozenset({"outbox_id", "attempt", "lease_version", "aggregate_seq"})
+
+    def __init__(self, name: str, fixtures: Mapping[str, Any]) -> None:
+        super().__init__(name, fixtures)
+        self._kafka = fixtures["kafka"]
+        self._topic: str | None = None
+        self._read = 0
+
+    async def _on(self, topic: str) -> Publisher:
+        limits = PublishLimits(publish_timeout=timedelta(seconds=10), workers=4, batch_size=50)
+        values = {
+            "bootstrap_servers": self._kafka.bootstrap,
+            "topic": topic,
+            "kafka_max_message_size": self.MAX_MESSAGE_SIZE,
+        }
+        return await _started(KafkaPublisher(KafkaSettings.from_values(values, limits)))
+
+    async def _start_publisher(self) -> Publisher:
+        if self._topic is None:
+            self._topic = await asyncio.to_thread(self._kafka.create_topic, 3)
+        return await self._on(self._topic)
+
+    async def _start_missing(self) -> Publisher:
+        return await self._on(unique("missing"))
+
+    def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
+        return replace(message, body=_blob(self.MAX_MESSAGE_SIZE + 1))
+
+    async def read_delivered(self, expected: int) -> list[Delivered]:
+        assert self._topic is not None
+        deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
+        while True:
+            records = await asyncio.to_thread(self._kafka.read, self._topic, idle_s=0.3)
+            if len(records) - self._read >= expected or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        new, self._read = records[self._read :], len(records)
+        # A consumer reads partition by partition: arrival order across partitions is not
+        # defined, so the suite's checks (by id) see them in id order.
+        new.sort(key=lambda r: int(r.headers["outbox_id"]))
+        return [Delivered(self._envelope(r.headers), json.loads(r.value)) for r in new]
+
+    def _envelope(self, headers: Mapping[str, str]) -> dict[str, str | int]:
+        return {k: int(v) if k in self.NUMBERS else v for k, v in headers.items()}
+
+
 def _envelope_of(headers: Mapping[str, object]) -> dict[str, str | int]:
     """AMQP headers as the envelope: each value must have come back a text or an integer."""
     envelope: dict[str, str | int] = {}
@@ -522,4 +583,5 @@ TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("sns-standard", SnsTarget, {"fifo": False}),
     TargetSpec("sns-fifo", SnsTarget, {"fifo": True}),
     TargetSpec("http", HttpTarget),
+    TargetSpec("kafka", KafkaTarget),
 )

@@ -76,7 +76,10 @@ def test_env_lists_are_comma_separated() -> None:
         ({"env": {"RELAY_BATCH_SIZE": "many"}}, r"invalid --batch-size \(from RELAY_BATCH_SIZE\): 'many'"),
         ({"file": {"lease": "forever"}}, r"invalid --lease \(from config lease\)"),
         ({"file": {"ordering": {"default": "sometimes"}}}, r"choose from ordered, unordered"),
-        ({"cli": {"broker": "kafak"}}, r"invalid --broker: 'kafak' \(choose from sqs, sns, rabbitmq, http, log\)"),
+        (
+            {"cli": {"broker": "kafak"}},
+            r"invalid --broker: 'kafak' \(choose from sqs, sns, rabbitmq, http, kafka, log\)",
+        ),
         ({"file": {"max_attempts": True}}, r"expected an integer"),
     ],
 )

@@ -1,0 +1,181 @@
+"""`relay start --broker kafka` against a real Kafka-protocol broker (noida-db, started by
+tests/kafka_broker.py), read back with aiokafka's consumer: what the topic holds is the
+oracle.
+
+Delivery and order with relays SIGKILLed every 1-2 s, for producers that lock the
+aggregate and producers that do not (the order oracle is the producers' commit log; a
+consumer reads each partition in offset order, as consumers do); a topic missing at first
+(nothing dead, no attempt spent, then everything flows); a record over the size limit
+(dead alone); the relay never creates a topic.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from relay.sqlnames import OutboxNames
+from tests.conftest import Db
+from tests.deliveries import ORDERED, store_fleet_ordering
+from tests.kafka_broker import KafkaService, Record
+from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
+from tests.relay_process import RelayProcess, relay_env, wait_until
+
+
+def kafka_relay(
+    names: OutboxNames, kafka: KafkaService, topic: str, *extra: str, env: dict[str, str], relays: list[RelayProcess]
+) -> RelayProcess:
+    relay = RelayProcess(
+        "start", "--schema", names.schema, "--broker", "kafka", "--bootstrap-servers", kafka.bootstrap,
+        "--topic", topic, "--workers", "2", "--batch-size", "50", "--lease", "5s", "--publish-timeout", "3s",
+        "--poll-interval", "100ms", "--backoff-base", "100ms", "--backoff-cap", "500ms", *extra,
+        env=env,
+    )  # fmt: skip
+    relays.append(relay)
+    return relay
+
+
+def settled(db: Db, count: int) -> Callable[[], bool]:
+    def check() -> bool:
+        statuses = db.statuses()
+        return statuses.get("done", 0) + statuses.get("dead", 0) == count
+
+    return check
+
+
+def test_records_carry_the_envelope_keyed_by_aggregate(
+    db: Db, relay_dsn: str, kafka: KafkaService, relays: list[RelayProcess]
+) -> None:
+    topic = kafka.create_topic(partitions=3)
+    ids = db.insert((f"order-{i % 5}", "OrderPlaced", {"i": i}) for i in range(20))
+    relay = kafka_relay(db.names, kafka, topic, env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
+    assert wait_until(settled(db, 20), timeout=30), relay.tail()
+    records = kafka.read(topic)
+    rows = {r["id"]: r for r in db.rows()}
+    assert sorted(int(r.headers["outbox_id"]) for r in records) == ids
+    for r in records:
+        row = rows[int(r.headers["outbox_id"])]
+        assert r.key == row["aggregate_id"].encode()
+        assert r.headers["event_id"] == str(row["event_id"]) and r.headers["event_type"] == "OrderPlaced"
+        assert json.loads(r.value) == row["payload"]
+    # One aggregate, one partition.
+    partitions: dict[bytes | None, set[int]] = {}
+    for r in records:
+        partitions.setdefault(r.key, set()).add(r.partition)
+    assert all(len(p) == 1 for p in partitions.values()), partitions
+    relay.stop()
+    relay.assert_clean_exit()
+
+
+@pytest.mark.parametrize(
+    "missing_s", [pytest.param(4, id="4s"), pytest.param(20, id="20s", marks=pytest.mark.extended)]
+)
+def test_a_missing_topic_holds_messages_unspent_and_is_never_created(
+    missing_s: int, db: Db, relay_dsn: str, kafka: KafkaService, relays: list[RelayProcess]
+) -> None:
+    topic = f"relay-test-later-{time.monotonic_ns()}"
+    db.insert((f"order-{i}", "OrderPlaced", {"i": i}) for i in range(10))
+    relay = kafka_relay(db.names, kafka, topic, env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
+    time.sleep(missing_s)
+    rows = db.rows()
+    assert {r["status"] for r in rows} == {"pending"} and {r["attempts"] for r in rows} == {0}, rows
+    assert topic not in kafka.topics()  # the relay's requests did not create it
+    assert "no such topic" in relay.stderr()
+    kafka.create_topic(partitions=2, name=topic)
+    assert wait_until(settled(db, 10), timeout=30), relay.tail()
+    assert {r["attempts"] for r in db.rows()} == {1} and {r["status"] for r in db.rows()} == {"done"}
+    assert len(kafka.read(topic)) == 10
+
+
+def test_a_record_over_the_size_limit_goes_dead_alone(
+    db: Db, relay_dsn: str, kafka: KafkaService, relays: list[RelayProcess]
+) -> None:
+    topic = kafka.create_topic(partitions=1)
+    big = {"blob": "x" * 5000}
+    ids = db.insert([("a", "OrderPlaced", {"n": 1}), ("b", "OrderPlaced", big), ("c", "OrderPlaced", {})])
+    env = relay_env(RELAY_DSN=relay_dsn)
+    relay = kafka_relay(db.names, kafka, topic, "--kafka-max-message-size", "4096", env=env, relays=relays)
+    assert wait_until(settled(db, 3), timeout=30), relay.tail()
+    rows = {r["id"]: r for r in db.rows()}
+    assert [rows[i]["status"] for i in ids] == ["done", "dead", "done"]
+    assert rows[ids[1]]["attempts"] == 1 and "MessageSizeTooLarge" in rows[ids[1]]["last_error"]
+    assert sorted(int(r.headers["outbox_id"]) for r in kafka.read(topic)) == [ids[0], ids[2]]
+
+
+@pytest.mark.parametrize("kind", ["locked", "unlocked"])
+def test_every_committed_event_is_in_the_topic_in_order_with_relays_killed(
+    kind: str, pg_dsn: str, producer_dsn: str, relay_dsn: str, db: Db, kafka: KafkaService,
+    relays: list[RelayProcess], record_property: Callable[[str, object], None],
+) -> None:  # fmt: skip
+    names = db.names
+    store_fleet_ordering(pg_dsn, names)
+    topic = kafka.create_topic(partitions=4)
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_LOG_LEVEL="warning")
+    log = CommitLog()
+    if kind == "locked":
+        aggregates = [f"order-L{i}" for i in range(10)]
+        create_producer_tables(pg_dsn, names, aggregates, producer_dsn=producer_dsn)
+        producers = LockedProducers(
+            producer_dsn, names, aggregates, log, threads=3, unordered_type="EmailQueued", seed=28, pause_s=0.02
+        )
+        thread = threading.Thread(target=producers.run, args=(40,))
+    else:
+        aggregates = [f"order-U{i}" for i in range(6)]
+        thread = threading.Thread(
+            target=produce_unlocked,
+            args=(producer_dsn, names, aggregates, log),
+            kwargs={"rounds": 25, "seed": 28, "pause_s": (0.0, 0.1)},
+        )
+
+    def start() -> None:
+        kafka_relay(names, kafka, topic, "--ordered", ORDERED, "--lease", "3s", "--publish-timeout", "2s",
+                    env=env, relays=relays)  # fmt: skip
+
+    start()
+    start()
+    thread.start()
+    rng = random.Random(28)
+    kills = 0
+    while thread.is_alive() or kills < 3:
+        time.sleep(rng.uniform(1, 2))
+        rng.choice([r for r in relays if r.running()]).kill()
+        kills += 1
+        start()
+    thread.join()
+    total = len(db.rows())
+    assert wait_until(lambda: db.statuses().get("done", 0) == total, timeout=60), (db.statuses(), relays[-1].tail())
+
+    records: list[Record] = kafka.read(topic)
+    ids = [int(r.headers["outbox_id"]) for r in records]
+    counts = Counter(ids)
+    assert set(counts) == {r["id"] for r in db.rows()}  # every committed event, nothing else
+    duplicates = sum(n - 1 for n in counts.values())
+    record_property("kafka_duplicates", duplicates)
+    print(f"\n{kind}: {len(records)} records for {total} events, {duplicates} duplicates, {kills} relays killed")
+    # Per aggregate, as a consumer of its partition reads it, first occurrences only.
+    first: dict[str, list[int]] = {}
+    seen: set[int] = set()
+    for r, outbox_id in zip(records, ids, strict=True):
+        if outbox_id not in seen:
+            seen.add(outbox_id)
+            first.setdefault(r.headers["aggregate_id"], []).append(outbox_id)
+    expected = log.expected()
+    ordered_ids = {i for order in expected.values() for i in order}
+    for aggregate, order in expected.items():
+        assert [i for i in first.get(aggregate, []) if i in ordered_ids] == order, aggregate
+    # aggregate_seq is gapless per aggregate in what was read (a consumer's gap check).
+    for aggregate in expected:
+        seqs = []
+        for r in records:
+            ordered = int(r.headers["outbox_id"]) in ordered_ids
+            if r.headers["aggregate_id"] == aggregate and "aggregate_seq" in r.headers and ordered:
+                seq = int(r.headers["aggregate_seq"])
+                if seq not in seqs:
+                    seqs.append(seq)
+        assert seqs == list(range(1, len(seqs) + 1)), (aggregate, seqs)
