@@ -531,10 +531,11 @@ class KafkaTarget(Target):
         return await _started(KafkaPublisher(KafkaSettings.from_values(values, limits)))
 
     async def _start_publisher(self) -> Publisher:
-        topic = self._topic
-        if topic is None:
-            topic = self._topic = await asyncio.to_thread(self._kafka.create_topic, 3)
-        return await self._on(topic)
+        if self._topic is None:
+            created: str = await asyncio.to_thread(self._kafka.create_topic, 3)
+            self._topic = created
+            return await self._on(created)
+        return await self._on(self._topic)
 
     async def _start_missing(self) -> Publisher:
         return await self._on(unique("missing"))
