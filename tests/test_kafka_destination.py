@@ -24,8 +24,9 @@ from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.deliveries import ORDERED, store_fleet_ordering
 from tests.kafka_broker import KafkaService, Record
+from tests.pg_clusters import free_port
 from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
-from tests.relay_process import RelayProcess, relay_env, wait_until
+from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
 
 
 def kafka_relay(
@@ -179,3 +180,22 @@ def test_every_committed_event_is_in_the_topic_in_order_with_relays_killed(
                 if seq not in seqs:
                     seqs.append(seq)
         assert seqs == list(range(1, len(seqs) + 1)), (aggregate, seqs)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ((), "no Kafka brokers"),
+        (("--bootstrap-servers", "kafka-1"), "expected HOST:PORT"),
+        (("--bootstrap-servers", "127.0.0.1:9092"), "no topic"),
+        (("--bootstrap-servers", "127.0.0.1:9092", "--topic", "orders events"), "invalid topic"),
+        (
+            ("--bootstrap-servers", "127.0.0.1:9092", "--topic", "t", "--kafka-security-protocol", "SASL_SSL"),
+            "needs --kafka-sasl-username",
+        ),
+        (("--bootstrap-servers", f"127.0.0.1:{free_port()}", "--topic", "t"), "cannot reach Kafka"),
+    ],
+)
+def test_bad_settings_are_one_line_and_exit_2(db: Db, pg_dsn: str, args: tuple[str, ...], needle: str) -> None:
+    proc = run_relay("start", "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "kafka", *args)
+    assert_one_line_error(proc, needle)

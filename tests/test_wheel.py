@@ -76,6 +76,12 @@ def test_a_venv_with_only_the_rabbitmq_extra(wheel: Path, tmp_path: Path, pg_dsn
     )  # fmt: skip
     lines = http.stderr.strip().splitlines()
     assert http.returncode == 2 and len(lines) == 1 and "pip install 'outbox-relay[http]'" in lines[0], http.stderr
+    kafka = subprocess.run(
+        [str(relay), "start", "--dsn", pg_dsn, "--broker", "kafka", "--bootstrap-servers", "k:9092", "--topic", "t"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = kafka.stderr.strip().splitlines()
+    assert kafka.returncode == 2 and len(lines) == 1 and "pip install 'outbox-relay[kafka]'" in lines[0], kafka.stderr
     # And the broker it was installed for runs: migrate an outbox, start, stop on SIGTERM.
     schema = f"w_{uuid.uuid4().hex[:10]}"
     common = ("--dsn", pg_dsn, "--schema", schema)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, errors
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.metadata import MetadataRequest
 
@@ -31,11 +31,32 @@ TOPIC_AUTHORIZATION_FAILED = 29
 MISSING_RECHECK_S = 1.0
 
 
+class QuietConnects(logging.Filter):
+    """Drops aiokafka's line for each failed connection and metadata request, each an
+    ERROR, repeated on every try while a broker is down: the relay says an outage once,
+    with the broker's reason, and refuses to start with one line."""
+
+    LOGGERS = ("aiokafka", "aiokafka.producer.sender")
+    PREFIXES = ("Unable connect to", "Unable to request metadata", "Unexpected error during InitProducerIdRequest")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES))
+
+    def install(self) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+
+    def remove(self) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+
+
 class KafkaPublisher:
     name = "kafka"
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
+        self._quiet = QuietConnects()
         self._producer: AIOKafkaProducer | None = None
         self._topic_known = False
         self._missing: tuple[float, BrokerUnavailable] | None = None
@@ -67,6 +88,7 @@ class KafkaPublisher:
     async def start(self) -> None:
         """Connect (a short retry, then ``ConfigError``). A missing topic is not an error
         here: it may be created after the relay starts; its messages wait meanwhile."""
+        self._quiet.install()
         last: BaseException | None = None
         for attempt in range(len(CONNECT_RETRY_DELAYS_S) + 1):
             if attempt:
@@ -84,13 +106,22 @@ class KafkaPublisher:
             )
             return
         servers = ",".join(self.settings.bootstrap_servers)
-        raise ConfigError(f"cannot reach Kafka at {servers}: {mask(first_line(last or 'no answer'))}")
+        said = mask(first_line(last or "no answer"))
+        if last is not None and not isinstance(last, errors.KafkaConnectionError | OSError):
+            # Reached, and refused: InitProducerId fails on brokers without idempotent
+            # producers (tansu 0.6 answers UnknownError).
+            raise ConfigError(
+                f"Kafka at {servers} refused the producer ({type(last).__name__}: {said}): the relay needs"
+                " a broker that takes idempotent producers (enable.idempotence with acks=all)"
+            )
+        raise ConfigError(f"cannot reach Kafka at {servers}: {said}")
 
     async def close(self) -> None:
         if self._producer is not None:
             # stop() flushes what is queued: nothing in flight is lost.
             await self._producer.stop()
             self._producer = None
+        self._quiet.remove()
 
     async def _topic(self) -> tuple[DestinationState, str]:
         """The topic as a metadata request that may not create it finds it. The producer's

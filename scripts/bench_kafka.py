@@ -1,0 +1,165 @@
+"""The Kafka destination's throughput: `relay start --broker kafka` into a local Kafka-
+protocol broker (noida-db, started here) against a raw aiokafka idempotent producer
+(acks=all) publishing the same messages, same run, as a ratio; and each sender's CPU per
+message.
+
+The raw producer sends what the relay sends per batch: 4 tasks (the relay's 4 workers),
+each queueing 100 records (the relay's batch size) with the same key, value and headers,
+then awaiting all their acknowledgements before the next 100. The relay's rate counts from
+its first record to its N-th (read from the topic's end offsets), so its start-up is left
+out; its CPU is its process's over the same span.
+
+    python scripts/bench_kafka.py [--messages 20000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scripts.bench_http import DEFAULT_DSN, PAYLOAD, RELAY, SCHEMA, cpu_of, free_port, setup
+
+NOIDA = str(Path(sys.executable).with_name("noida-db"))
+PARTITIONS = 4
+
+
+async def _admin(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])
+    finally:
+        await admin.close()
+
+
+async def _count(bootstrap: str, topic: str) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        return sum((await consumer.end_offsets(tps)).values())
+    finally:
+        await consumer.stop()
+
+
+def count(bootstrap: str, topic: str) -> int:
+    return asyncio.run(_count(bootstrap, topic))
+
+
+def relay_run(dsn: str, bootstrap: str, messages: int) -> tuple[float, float]:
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    asyncio.run(_admin(bootstrap, topic))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update(RELAY_DSN=dsn, RELAY_LOG_LEVEL="warning")
+    proc = subprocess.Popen(
+        [RELAY, "start", "--schema", SCHEMA, "--broker", "kafka", "--bootstrap-servers", bootstrap,
+         "--topic", topic, "--workers", "4", "--batch-size", "100", "--poll-interval", "50ms"],
+        env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while count(bootstrap, topic) == 0:
+            time.sleep(0.01)
+        started = time.perf_counter()
+        cpu_started = cpu_of(proc.pid)
+        while count(bootstrap, topic) < messages:
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - started
+        cpu = cpu_of(proc.pid) - cpu_started
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return messages / elapsed, cpu / messages
+
+
+async def raw_run(bootstrap: str, messages: int) -> tuple[float, float]:
+    topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
+    await _admin(bootstrap, topic)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    body = PAYLOAD.encode()
+    per_task = messages // 4
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+
+    async def task(t: int) -> None:
+        for start in range(0, per_task, 100):
+            futures = []
+            for i in range(start, min(start + 100, per_task)):
+                n = t * per_task + i
+                headers = [("outbox_id", str(n).encode()), ("event_id", str(uuid.uuid4()).encode()),
+                           ("aggregate_type", b"order"), ("aggregate_id", f"order-{n % 1000}".encode()),
+                           ("event_type", b"OrderPaid"), ("attempt", b"1"), ("lease_version", b"1")]  # fmt: skip
+                futures.append(await producer.send(topic, body, key=f"order-{n % 1000}".encode(), headers=headers))
+            await asyncio.gather(*futures)
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(task(t) for t in range(4)))
+        elapsed = time.perf_counter() - started
+    finally:
+        await producer.stop()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
+    return per_task * 4 / elapsed, cpu / (per_task * 4)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dsn", default=os.environ.get("RELAY_BENCH_DSN", DEFAULT_DSN))
+    ap.add_argument("--messages", type=int, default=20_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.messages, args.rounds = 4000, 1
+    data = Path(tempfile.mkdtemp(prefix="bench-noida-"))
+    port = free_port()
+    broker = subprocess.Popen(
+        [NOIDA, "start", "--only", "kafka", "--kafka-port", str(port), "--data-dir", str(data)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    bootstrap = f"127.0.0.1:{port}"
+    results: dict[str, list[tuple[float, float]]] = {"relay": [], "raw": []}
+    try:
+        time.sleep(2)
+        for r in range(args.rounds):
+            order: Any = ("relay", "raw") if r % 2 == 0 else ("raw", "relay")
+            for variant in order:
+                if variant == "relay":
+                    setup(args.dsn, args.messages)
+                    results["relay"].append(relay_run(args.dsn, bootstrap, args.messages))
+                else:
+                    results["raw"].append(asyncio.run(raw_run(bootstrap, args.messages)))
+    finally:
+        broker.terminate()
+        broker.wait()
+        shutil.rmtree(data, ignore_errors=True)
+    relay_rate = statistics.median(r for r, _ in results["relay"])
+    raw_rate = statistics.median(r for r, _ in results["raw"])
+    relay_cpu = statistics.median(c for _, c in results["relay"]) * 1e6
+    raw_cpu = statistics.median(c for _, c in results["raw"]) * 1e6
+    print(f"Kafka (noida-db): {args.messages:,} messages, median of {args.rounds} rounds")
+    print("| sender | messages/s | CPU per message |\n|---|---|---|")
+    print(f"| raw aiokafka idempotent producer | {raw_rate:,.0f} | {raw_cpu:,.0f} µs |")
+    print(f"| relay start --broker kafka | {relay_rate:,.0f} | {relay_cpu:,.0f} µs |")
+    print(f"ratio relay/raw: {relay_rate / raw_rate:.2f}x; CPU {relay_cpu / raw_cpu:.2f}x the raw client's")
+    print("rounds:", {k: [f"{r:,.0f}/s" for r, _ in v] for k, v in results.items()})
+
+
+if __name__ == "__main__":
+    main()
