@@ -106,6 +106,7 @@ bench: venv
 	$(BIN)/python scripts/bench_replay.py $(BENCH_REPLAY_ARGS)
 	$(BIN)/python scripts/bench_api.py
 	$(BIN)/python scripts/bench_http.py
+	$(BIN)/python scripts/bench_kafka.py
 
 bench-rabbitmq: venv
 	$(BIN)/python scripts/bench_rabbitmq.py
