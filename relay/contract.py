@@ -55,7 +55,7 @@ class Publisher(Protocol):
 
 # The brokers `--broker` accepts. Each is the adapter module of that name under relay/adapters/
 # (adapters.registry imports it when it is chosen); adding a broker adds its name here.
-BROKERS = ("sqs", "sns", "rabbitmq", "http", "kafka", "log")
+BROKERS = ("sqs", "sns", "rabbitmq", "http", "kafka", "nats", "log")
 
 
 @runtime_checkable

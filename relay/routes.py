@@ -35,6 +35,7 @@ DESTINATION_KEYS: Mapping[str, str] = {
     "exchange": "rabbitmq",
     "url": "http",
     "topic": "kafka",
+    "subject": "nats",
 }
 # Keys a route may carry beside its destination, and the broker they belong to.
 EXTRA_KEYS: Mapping[str, str] = {
@@ -51,6 +52,7 @@ FAMILIES: Mapping[str, frozenset[str]] = {
     "rabbitmq": frozenset({"rabbitmq"}),
     "http": frozenset({"http"}),
     "kafka": frozenset({"kafka"}),
+    "nats": frozenset({"nats"}),
     "log": frozenset(),
 }
 # The option holding each broker's default destination.
@@ -60,6 +62,7 @@ DEFAULT_DESTINATION: Mapping[str, str] = {
     "rabbitmq": "exchange",
     "http": "url",
     "kafka": "topic",
+    "nats": "subject",
 }
 # Where a message goes when no route takes it and no default destination is set.
 NO_DESTINATION = "(no destination)"
@@ -166,7 +169,8 @@ def _destination(table: Mapping[str, Any], broker: str, where: str) -> dict[str,
     allowed = FAMILIES.get(broker, frozenset())
     if not allowed:
         raise ConfigError(
-            f"{where}: --broker {broker} has no destinations to route to; routes need sqs, sns, rabbitmq, http or kafka"
+            f"{where}: --broker {broker} has no destinations to route to;"
+            " routes need sqs, sns, rabbitmq, http, kafka or nats"
         )
     named = [k for k in DESTINATION_KEYS if k in table]
     if "destination" in table:  # the command line's form: the started broker's own kind

@@ -78,7 +78,7 @@ def test_env_lists_are_comma_separated() -> None:
         ({"file": {"ordering": {"default": "sometimes"}}}, r"choose from ordered, unordered"),
         (
             {"cli": {"broker": "kafak"}},
-            r"invalid --broker: 'kafak' \(choose from sqs, sns, rabbitmq, http, kafka, log\)",
+            r"invalid --broker: 'kafak' \(choose from sqs, sns, rabbitmq, http, kafka, nats, log\)",
         ),
         ({"file": {"max_attempts": True}}, r"expected an integer"),
     ],

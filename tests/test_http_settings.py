@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from relay.adapters.header_text import header_value
 from relay.adapters.http.classify import classify_status, retry_after
-from relay.adapters.http.publisher import header_value
 from relay.adapters.http.signing import parse_secrets, signature
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
 from tests.relay_process import assert_one_line_error, relay_env, run_relay

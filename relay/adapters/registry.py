@@ -22,6 +22,7 @@ _SDKS = {
     "rabbitmq": (("aio_pika", "aiormq", "pamqp"), "rabbitmq"),
     "sqs": (("boto3", "botocore"), "sqs"),
     "sns": (("boto3", "botocore"), "sns"),
+    "nats": (("nats",), "nats"),
     "kafka": (("aiokafka", "async_timeout"), "kafka"),
     "http": (("aiohttp", "multidict", "yarl", "aiohappyeyeballs", "aiosignal", "frozenlist", "propcache"), "http"),
 }

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import socket
 import ssl
 import time
 from collections.abc import Sequence
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from relay.adapters.header_text import header_value
 from relay.adapters.http.classify import BODY_SHOWN_BYTES, classify_status
 from relay.adapters.http.settings import RESERVED_HEADERS, HttpSettings
 from relay.adapters.http.signing import signature
@@ -37,18 +37,6 @@ FIELD_HEADERS = {
     "aggregate_epoch": "Relay-Aggregate-Epoch",
     "replay": "Relay-Replay",
 }
-# What a header value may hold as it is: printable ASCII but '%', which starts an escape.
-# Anything else (an aggregate id in Greek, a control character) is percent-encoded UTF-8.
-_SAFE = "".join(chr(c) for c in range(32, 127) if chr(c) != "%")
-_PLAIN = re.compile(r"[\x20-\x24\x26-\x7e]*")
-
-
-def header_value(value: object) -> str:
-    text = str(value)
-    # Almost every value needs no escape: the match is cheaper than quote()'s walk.
-    return text if _PLAIN.fullmatch(text) else quote(text, safe=_SAFE)
-
-
 # An answer bigger than this is not read to its end: its connection is closed instead.
 _DRAIN_MAX_BYTES = 1 << 20
 

@@ -1,0 +1,36 @@
+"""The ``nats`` destination: each outbox message is one JetStream publish.
+
+``relay start --broker nats --nats-url nats://HOST:4222 --subject SUBJECT`` (or
+``RELAY_NATS_URL`` and ``RELAY_SUBJECT``, or the ``[nats]`` table; routes take
+``subject = "..."``). ``Nats-Msg-Id`` is the event id, so the stream drops a repeat inside
+its ``duplicate_window``; each publish waits for the stream's acknowledgement, and a
+duplicate acknowledgement counts as delivered. The relay's fields and the producer's
+headers go as NATS headers.
+
+Failures: no stream capturing the subject, the connection lost or reconnecting: held, no
+attempt spent; no acknowledgement in time, other JetStream errors: retryable; a message
+over the server's max_payload or a subject the template cannot make: permanent for that
+message alone. nats-py is imported only when this destination is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from relay.adapters.nats.settings import OPTIONS, NatsSettings
+from relay.contract import PublishLimits
+
+if TYPE_CHECKING:
+    from relay.adapters.nats.publisher import NatsPublisher
+
+__all__ = ["OPTIONS", "NatsSettings", "create"]
+
+
+def create(values: Mapping[str, Any], limits: PublishLimits) -> NatsPublisher:
+    """Build the publisher from resolved option values and the core's limits;
+    ``relay.ConfigError`` on bad settings."""
+    settings = NatsSettings.from_values(values, limits)
+    from relay.adapters.nats.publisher import NatsPublisher
+
+    return NatsPublisher(settings)
