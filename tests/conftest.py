@@ -37,6 +37,7 @@ pytest_plugins = (
     "tests.sns_server",
     "tests.pg_clusters",
     "tests.kafka_broker",
+    "tests.nats_server",
     "tests.console_seed",
 )
 

@@ -76,8 +76,10 @@ class NatsPublisher:
 
     def headers(self, m: OutboxMessage) -> dict[str, str]:
         headers = {name: header_value(value) for name, value in m.envelope().items()}
-        # The stream drops a message whose id it has seen within its duplicate_window.
-        headers["Nats-Msg-Id"] = m.event_id or str(m.id)
+        # The stream drops a message whose id it has seen within its duplicate_window: the
+        # event id, and for a replay the run id beside it, so that a replay inside the
+        # window is not dropped as the delivery it repeats (as SQS FIFO's dedup id).
+        headers["Nats-Msg-Id"] = m.dedup_id
         return headers
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:

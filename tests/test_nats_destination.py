@@ -1,0 +1,230 @@
+"""`relay start --broker nats` against the local nats-server with JetStream, a stream per
+test, read back from the stream: what the stream holds is the oracle.
+
+Delivery, zero duplicates in the stream (every redelivery inside its duplicate_window) and
+per-aggregate order with relays SIGKILLed every 1-2 s, for producers that lock the
+aggregate and producers that do not (the order oracle is the producers' commit log); a
+stream missing at first (nothing dead, no attempt spent, then everything flows); a message
+over the server's max_payload (dead alone); subject templates.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from psycopg import sql
+
+from relay.sqlnames import OutboxNames
+from tests.conftest import Db
+from tests.deliveries import ORDERED, store_fleet_ordering
+from tests.nats_server import NatsStream
+from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
+from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
+
+
+def nats_relay(
+    names: OutboxNames, stream: NatsStream, subject: str, *extra: str, env: dict[str, str], relays: list[RelayProcess]
+) -> RelayProcess:
+    relay = RelayProcess(
+        "start", "--schema", names.schema, "--broker", "nats", "--nats-url", stream.url, "--subject", subject,
+        "--workers", "2", "--batch-size", "50", "--lease", "5s", "--publish-timeout", "3s",
+        "--poll-interval", "100ms", "--backoff-base", "100ms", "--backoff-cap", "500ms", *extra,
+        env=env,
+    )  # fmt: skip
+    relays.append(relay)
+    return relay
+
+
+def settled(db: Db, count: int) -> Callable[[], bool]:
+    def check() -> bool:
+        statuses = db.statuses()
+        return statuses.get("done", 0) + statuses.get("dead", 0) == count
+
+    return check
+
+
+def test_messages_carry_the_envelope_and_the_event_id_as_nats_msg_id(
+    db: Db, relay_dsn: str, nats_stream: NatsStream, relays: list[RelayProcess]
+) -> None:
+    nats_stream.create()
+    ids = db.insert((f"order-{i % 3}", "OrderPlaced", {"i": i}) for i in range(9))
+    relay = nats_relay(
+        db.names, nats_stream, nats_stream.subject("orders"), env=relay_env(RELAY_DSN=relay_dsn), relays=relays
+    )
+    assert wait_until(settled(db, 9), timeout=30), relay.tail()
+    got = nats_stream.read()
+    rows = {r["id"]: r for r in db.rows()}
+    assert sorted(int(m.headers["outbox_id"]) for m in got) == ids
+    for m in got:
+        row = rows[int(m.headers["outbox_id"])]
+        assert m.headers["Nats-Msg-Id"] == m.headers["event_id"] == str(row["event_id"])
+        assert m.subject == nats_stream.subject("orders") and json.loads(m.data) == row["payload"]
+    relay.stop()
+    relay.assert_clean_exit()
+
+
+def test_a_redelivery_inside_the_window_is_stored_once_and_a_replay_again(
+    db: Db, pg_dsn: str, relay_dsn: str, nats_stream: NatsStream, relays: list[RelayProcess]
+) -> None:
+    """A relay that published and died before its finalize: the next one publishes the
+    same messages again (made here by putting the rows back, as the lease running out
+    would), and the stream keeps one copy. A replay carries its run id in its message id,
+    so the stream takes it though the window has not passed."""
+    nats_stream.create()
+    run_relay("migrate", "--dsn", pg_dsn, "--schema", db.names.schema, "--ordering-default", "unordered")
+    ids = db.insert((f"order-{i}", "EmailQueued", {"i": i}) for i in range(6))
+    env = relay_env(RELAY_DSN=relay_dsn)
+    subject = nats_stream.subject("mail")
+    relay = nats_relay(db.names, nats_stream, subject, env=env, relays=relays)
+    assert wait_until(settled(db, 6), timeout=30), relay.tail()
+    relay.stop()
+    db.conn.execute(
+        sql.SQL("UPDATE {} SET status = 'pending', available_at = now() WHERE id = ANY(%s)").format(db.table), (ids,)
+    )
+    again = nats_relay(db.names, nats_stream, subject, env=env, relays=relays)
+    assert wait_until(settled(db, 6), timeout=30), again.tail()
+    again.stop()
+    assert {r["attempts"] for r in db.rows()} == {2}  # published twice
+    assert sorted(int(m.headers["outbox_id"]) for m in nats_stream.read()) == ids  # stored once
+    replay = run_relay(
+        "replay", "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "nats", "--nats-url", nats_stream.url,
+        "--subject", subject, "--from-id", str(ids[0]), "--run-id", "rebuild-1", env=relay_env(),
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    replayed = [m for m in nats_stream.read() if m.headers.get("replay") == "rebuild-1"]
+    assert sorted(int(m.headers["outbox_id"]) for m in replayed) == ids
+    assert all(m.headers["Nats-Msg-Id"] == m.headers["event_id"] + "-rebuild-1" for m in replayed)
+
+
+@pytest.mark.parametrize(
+    "missing_s", [pytest.param(4, id="4s"), pytest.param(20, id="20s", marks=pytest.mark.extended)]
+)
+def test_a_missing_stream_holds_messages_unspent_then_everything_flows(
+    missing_s: int, db: Db, relay_dsn: str, nats_stream: NatsStream, relays: list[RelayProcess]
+) -> None:
+    db.insert((f"order-{i}", "OrderPlaced", {"i": i}) for i in range(10))
+    subject = nats_stream.subject("orders")
+    relay = nats_relay(db.names, nats_stream, subject, env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
+    time.sleep(missing_s)
+    rows = db.rows()
+    assert {r["status"] for r in rows} == {"pending"} and {r["attempts"] for r in rows} == {0}, rows
+    assert "no JetStream stream captures" in relay.stderr()
+    nats_stream.create()
+    assert wait_until(settled(db, 10), timeout=30), relay.tail()
+    assert {r["attempts"] for r in db.rows()} == {1} and {r["status"] for r in db.rows()} == {"done"}
+    assert len(nats_stream.read()) == 10
+
+
+def test_a_message_over_max_payload_goes_dead_alone(
+    db: Db, relay_dsn: str, nats_stream: NatsStream, relays: list[RelayProcess]
+) -> None:
+    nats_stream.create()
+    big = {"blob": "x" * 1_100_000}  # over the server's max_payload of 1 MiB
+    ids = db.insert([("a", "OrderPlaced", {"n": 1}), ("b", "OrderPlaced", big), ("c", "OrderPlaced", {})])
+    relay = nats_relay(
+        db.names, nats_stream, nats_stream.subject("o"), env=relay_env(RELAY_DSN=relay_dsn), relays=relays
+    )
+    assert wait_until(settled(db, 3), timeout=30), relay.tail()
+    rows = {r["id"]: r for r in db.rows()}
+    assert [rows[i]["status"] for i in ids] == ["done", "dead", "done"]
+    assert rows[ids[1]]["attempts"] == 1 and "max_payload" in rows[ids[1]]["last_error"]
+    assert sorted(int(m.headers["outbox_id"]) for m in nats_stream.read()) == [ids[0], ids[2]]
+
+
+def test_a_subject_template_names_each_messages_subject(
+    db: Db, relay_dsn: str, nats_stream: NatsStream, relays: list[RelayProcess]
+) -> None:
+    nats_stream.create()
+    ids = db.insert([("o1", "OrderPlaced", {}), ("o1", "OrderPaid", {}), ("bad id", "OrderPaid", {})])
+    template = nats_stream.prefix + ".{aggregate_type}.{event_type}.{aggregate_id}"
+    relay = nats_relay(db.names, nats_stream, template, env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
+    assert wait_until(settled(db, 3), timeout=30), relay.tail()
+    got = {int(m.headers["outbox_id"]): m.subject for m in nats_stream.read()}
+    assert got == {
+        ids[0]: nats_stream.subject("order", "OrderPlaced", "o1"),
+        ids[1]: nats_stream.subject("order", "OrderPaid", "o1"),
+    }
+    dead = db.row(ids[2])
+    assert dead["status"] == "dead" and "subject template" in dead["last_error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ((), "no NATS server"),
+        (("--nats-url", "http://x:4222"), "expected nats://HOST:PORT"),
+        (("--nats-url", "nats://127.0.0.1:4222"), "no subject"),
+        (("--nats-url", "nats://127.0.0.1:4222", "--subject", "orders.{tenant}"), "{tenant} is not one of"),
+        (("--nats-url", "nats://127.0.0.1:4222", "--subject", "orders.>"), "wildcards"),
+        (("--nats-url", "nats://127.0.0.1:1", "--subject", "orders"), "cannot reach NATS"),
+    ],
+)
+def test_bad_settings_are_one_line_and_exit_2(db: Db, pg_dsn: str, args: tuple[str, ...], needle: str) -> None:
+    proc = run_relay("start", "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "nats", *args)
+    assert_one_line_error(proc, needle)
+
+
+@pytest.mark.parametrize("kind", ["locked", "unlocked"])
+def test_every_committed_event_is_in_the_stream_once_in_order_with_relays_killed(
+    kind: str, pg_dsn: str, producer_dsn: str, relay_dsn: str, db: Db, nats_stream: NatsStream,
+    relays: list[RelayProcess],
+) -> None:  # fmt: skip
+    names = db.names
+    store_fleet_ordering(pg_dsn, names)
+    nats_stream.create()  # duplicate_window 2 minutes: longer than the whole test
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_LOG_LEVEL="warning")
+    log = CommitLog()
+    if kind == "locked":
+        aggregates = [f"order-L{i}" for i in range(10)]
+        create_producer_tables(pg_dsn, names, aggregates, producer_dsn=producer_dsn)
+        producers = LockedProducers(
+            producer_dsn, names, aggregates, log, threads=3, unordered_type="EmailQueued", seed=29, pause_s=0.02
+        )
+        thread = threading.Thread(target=producers.run, args=(40,))
+    else:
+        aggregates = [f"order-U{i}" for i in range(6)]
+        thread = threading.Thread(
+            target=produce_unlocked,
+            args=(producer_dsn, names, aggregates, log),
+            kwargs={"rounds": 25, "seed": 29, "pause_s": (0.0, 0.1)},
+        )
+    subject = nats_stream.subject("orders")
+
+    def start() -> None:
+        nats_relay(names, nats_stream, subject, "--ordered", ORDERED, "--lease", "3s", "--publish-timeout", "2s",
+                   env=env, relays=relays)  # fmt: skip
+
+    start()
+    start()
+    thread.start()
+    rng = random.Random(29)
+    kills = 0
+    while thread.is_alive() or kills < 3:
+        time.sleep(rng.uniform(1, 2))
+        rng.choice([r for r in relays if r.running()]).kill()
+        kills += 1
+        start()
+    thread.join()
+    total = len(db.rows())
+    assert wait_until(lambda: db.statuses().get("done", 0) == total, timeout=60), (db.statuses(), relays[-1].tail())
+
+    got = nats_stream.read()
+    ids = [int(m.headers["outbox_id"]) for m in got]
+    counts = Counter(ids)
+    assert set(counts) == {r["id"] for r in db.rows()}
+    # Every redelivery fell inside the stream's duplicate window: not one stored twice.
+    assert sorted(i for i, n in counts.items() if n > 1) == []
+    print(f"\n{kind}: {len(got)} messages in the stream for {total} events, 0 duplicates, {kills} relays killed")
+    by_aggregate: dict[str, list[int]] = {}
+    for m, outbox_id in zip(got, ids, strict=True):
+        by_aggregate.setdefault(m.headers["aggregate_id"], []).append(outbox_id)
+    expected = log.expected()
+    ordered_ids = {i for order in expected.values() for i in order}
+    for aggregate, order in expected.items():
+        assert [i for i in by_aggregate.get(aggregate, []) if i in ordered_ids] == order, aggregate
