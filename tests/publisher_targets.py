@@ -44,6 +44,8 @@ from relay.adapters.kafka.publisher import KafkaPublisher
 from relay.adapters.kafka.settings import KafkaSettings
 from relay.adapters.log import LogPublisher
 from relay.adapters.memory import InMemoryPublisher
+from relay.adapters.nats.publisher import NatsPublisher
+from relay.adapters.nats.settings import NatsSettings
 from relay.adapters.sns.publisher import SnsPublisher
 from relay.adapters.sns.settings import SnsSettings
 from relay.adapters.sqs.publisher import SqsPublisher
@@ -561,6 +563,57 @@ class KafkaTarget(Target):
         return {k: int(v) if k in self.NUMBERS else v for k, v in headers.items()}
 
 
+# ---------------------------------------------------------------------------------------
+# NATS JetStream (the local nats-server, tests/nats_server.py)
+
+
+class NatsTarget(Target):
+    """A stream of the test's own, read back from its first message; the missing
+    destination is a subject no stream captures; the refusal is a message over the
+    server's max_payload."""
+
+    REAL_BROKER = True
+    FIXTURES = ("nats_stream",)
+    REFUSALS = ("over the server's max_payload",)
+    NUMBERS = frozenset({"outbox_id", "attempt", "lease_version", "aggregate_seq"})
+
+    def __init__(self, name: str, fixtures: Mapping[str, Any]) -> None:
+        super().__init__(name, fixtures)
+        self._stream = fixtures["nats_stream"]
+        self._created = False
+        self._read = 0
+
+    async def _on(self, subject: str) -> Publisher:
+        limits = PublishLimits(publish_timeout=timedelta(seconds=10), workers=4, batch_size=50)
+        values = {"nats_url": self._stream.url, "subject": subject}
+        return await _started(NatsPublisher(NatsSettings.from_values(values, limits)))
+
+    async def _start_publisher(self) -> Publisher:
+        if not self._created:
+            await asyncio.to_thread(self._stream.create)
+            self._created = True
+        return await self._on(self._stream.subject("conformance"))
+
+    async def _start_missing(self) -> Publisher:
+        return await self._on(unique("missing").replace("-", "_"))
+
+    def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
+        return replace(message, body=_blob(1_100_000))
+
+    async def read_delivered(self, expected: int) -> list[Delivered]:
+        deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
+        while True:
+            got = await asyncio.to_thread(self._stream.read)
+            if len(got) - self._read >= expected or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        new, self._read = got[self._read :], len(got)
+        return [Delivered(self._envelope(m.headers), json.loads(m.data)) for m in new]
+
+    def _envelope(self, headers: Mapping[str, str]) -> dict[str, str | int]:
+        return {k: int(v) if k in self.NUMBERS else unquote(v) for k, v in headers.items() if k != "Nats-Msg-Id"}
+
+
 def _envelope_of(headers: Mapping[str, object]) -> dict[str, str | int]:
     """AMQP headers as the envelope: each value must have come back a text or an integer."""
     envelope: dict[str, str | int] = {}
@@ -586,4 +639,5 @@ TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("sns-fifo", SnsTarget, {"fifo": True}),
     TargetSpec("http", HttpTarget),
     TargetSpec("kafka", KafkaTarget),
+    TargetSpec("nats", NatsTarget),
 )
