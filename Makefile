@@ -107,6 +107,7 @@ bench: venv
 	$(BIN)/python scripts/bench_api.py
 	$(BIN)/python scripts/bench_http.py
 	$(BIN)/python scripts/bench_kafka.py
+	$(BIN)/python scripts/bench_nats.py
 
 bench-rabbitmq: venv
 	$(BIN)/python scripts/bench_rabbitmq.py

@@ -1,0 +1,145 @@
+"""The NATS JetStream destination's throughput: `relay start --broker nats` into a stream
+of the local nats-server against raw nats-py JetStream publishes of the same messages,
+each awaiting its acknowledgement, same run, as a ratio; and each sender's CPU per message.
+
+The raw publisher sends what the relay sends: 4 tasks (the relay's 4 workers), each
+publishing 100 messages at once (the relay's batch size) with the same headers and
+`Nats-Msg-Id`, then awaiting all their acknowledgements before the next 100. The relay's
+rate counts from the stream's first message to its N-th, so its start-up is left out; its
+CPU is its process's over the same span.
+
+    python scripts/bench_nats.py [--messages 20000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.js.api import StreamConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scripts.bench_http import DEFAULT_DSN, PAYLOAD, RELAY, SCHEMA, cpu_of, setup
+
+URL = os.environ.get("RELAY_BENCH_NATS_URL", "nats://127.0.0.1:4222")
+
+
+async def _stream(name: str, prefix: str, *, create: bool = False, delete: bool = False) -> int:
+    nc = await nats.connect(URL)
+    js = nc.jetstream()
+    try:
+        if create:
+            await js.add_stream(StreamConfig(name=name, subjects=[prefix + ".>"], duplicate_window=600))
+            return 0
+        if delete:
+            await js.delete_stream(name)
+            return 0
+        return int((await js.stream_info(name)).state.messages)
+    finally:
+        await nc.close()
+
+
+def relay_run(dsn: str, messages: int) -> tuple[float, float]:
+    token = uuid.uuid4().hex[:8]
+    name, prefix = f"BENCH_{token}", f"bench.{token}"
+    asyncio.run(_stream(name, prefix, create=True))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update(RELAY_DSN=dsn, RELAY_LOG_LEVEL="warning")
+    proc = subprocess.Popen(
+        [RELAY, "start", "--schema", SCHEMA, "--broker", "nats", "--nats-url", URL, "--subject", f"{prefix}.orders",
+         "--workers", "4", "--batch-size", "100", "--poll-interval", "50ms"],
+        env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while asyncio.run(_stream(name, prefix)) == 0:
+            time.sleep(0.01)
+        started = time.perf_counter()
+        cpu_started = cpu_of(proc.pid)
+        while asyncio.run(_stream(name, prefix)) < messages:
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - started
+        cpu = cpu_of(proc.pid) - cpu_started
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        asyncio.run(_stream(name, prefix, delete=True))
+    return messages / elapsed, cpu / messages
+
+
+async def raw_run(messages: int) -> tuple[float, float]:
+    token = uuid.uuid4().hex[:8]
+    name, prefix = f"BENCH_RAW_{token}", f"benchraw.{token}"
+    await _stream(name, prefix, create=True)
+    nc = await nats.connect(URL)
+    js = nc.jetstream()
+    body = PAYLOAD.encode()
+    per_task = messages // 4
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+
+    async def task(t: int) -> None:
+        for start in range(0, per_task, 100):
+            publishes = []
+            for i in range(start, min(start + 100, per_task)):
+                n = t * per_task + i
+                event_id = str(uuid.uuid4())
+                headers = {"outbox_id": str(n), "event_id": event_id, "aggregate_type": "order",
+                           "aggregate_id": f"order-{n % 1000}", "event_type": "OrderPaid", "attempt": "1",
+                           "lease_version": "1", "Nats-Msg-Id": event_id}  # fmt: skip
+                publishes.append(js.publish(f"{prefix}.orders", body, headers=headers, timeout=10))
+            await asyncio.gather(*publishes)
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(task(t) for t in range(4)))
+        elapsed = time.perf_counter() - started
+    finally:
+        await nc.close()
+        await _stream(name, prefix, delete=True)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
+    return per_task * 4 / elapsed, cpu / (per_task * 4)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dsn", default=os.environ.get("RELAY_BENCH_DSN", DEFAULT_DSN))
+    ap.add_argument("--messages", type=int, default=20_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.messages, args.rounds = 4000, 1
+    results: dict[str, list[tuple[float, float]]] = {"relay": [], "raw": []}
+    for r in range(args.rounds):
+        order: Any = ("relay", "raw") if r % 2 == 0 else ("raw", "relay")
+        for variant in order:
+            if variant == "relay":
+                setup(args.dsn, args.messages)
+                results["relay"].append(relay_run(args.dsn, args.messages))
+            else:
+                results["raw"].append(asyncio.run(raw_run(args.messages)))
+    relay_rate = statistics.median(r for r, _ in results["relay"])
+    raw_rate = statistics.median(r for r, _ in results["raw"])
+    relay_cpu = statistics.median(c for _, c in results["relay"]) * 1e6
+    raw_cpu = statistics.median(c for _, c in results["raw"]) * 1e6
+    print(f"NATS JetStream: {args.messages:,} messages, median of {args.rounds} rounds")
+    print("| sender | messages/s | CPU per message |\n|---|---|---|")
+    print(f"| raw nats-py JetStream publishes | {raw_rate:,.0f} | {raw_cpu:,.0f} µs |")
+    print(f"| relay start --broker nats | {relay_rate:,.0f} | {relay_cpu:,.0f} µs |")
+    print(f"ratio relay/raw: {relay_rate / raw_rate:.2f}x; CPU {relay_cpu / raw_cpu:.2f}x the raw client's")
+    print("rounds:", {k: [f"{r:,.0f}/s" for r, _ in v] for k, v in results.items()})
+
+
+if __name__ == "__main__":
+    main()
