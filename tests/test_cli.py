@@ -179,7 +179,7 @@ def test_malformed_dsn() -> None:
         (["--workers", "-1"], None, ["invalid --workers"]),
         (["--table", "Robert'); DROP TABLE students;--"], None, ["invalid table name"]),
         ([], None, ["no broker chosen"]),
-        (["--broker", "kafka"], None, ["invalid --broker: 'kafka'"]),
+        (["--broker", "kafak"], None, ["invalid --broker: 'kafak'"]),
         (["--no-such-flag"], None, ["No such option '--no-such-flag'"]),
     ],
 )
