@@ -19,6 +19,7 @@ import asyncio
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -129,9 +130,11 @@ def main() -> None:
         args.messages, args.rounds = 4000, 1
     data = Path(tempfile.mkdtemp(prefix="bench-noida-"))
     port = free_port()
+    # Its own session: the noida-db script is a wrapper whose child, the broker, a SIGTERM
+    # to the wrapper alone would leave running.
     broker = subprocess.Popen(
         [NOIDA, "start", "--only", "kafka", "--kafka-port", str(port), "--data-dir", str(data)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     bootstrap = f"127.0.0.1:{port}"
     results: dict[str, list[tuple[float, float]]] = {"relay": [], "raw": []}
@@ -146,7 +149,7 @@ def main() -> None:
                 else:
                     results["raw"].append(asyncio.run(raw_run(bootstrap, args.messages)))
     finally:
-        broker.terminate()
+        os.killpg(broker.pid, signal.SIGTERM)
         broker.wait()
         shutil.rmtree(data, ignore_errors=True)
     relay_rate = statistics.median(r for r, _ in results["relay"])

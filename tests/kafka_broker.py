@@ -10,9 +10,9 @@ tests/conftest.py.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -26,7 +26,17 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from tests.pg_clusters import free_port
 from tests.relay_process import wait_until
 
-NOIDA = str(Path(sys.executable).with_name("noida-db"))
+
+def noida_binary() -> str:
+    """The broker binary itself. The ``noida-db`` console script is a Python wrapper that
+    runs it as a child and does not pass on a SIGTERM: stopping the wrapper left the broker
+    running (one per test process, found still up after the runs)."""
+    import noida_db
+
+    path = Path(noida_db.__file__).with_name("noida-db")
+    if not os.access(path, os.X_OK):
+        path.chmod(0o755)
+    return str(path)
 
 
 @dataclass(frozen=True)
@@ -115,7 +125,7 @@ def kafka() -> Iterator[KafkaService]:
     log = data_dir.parent / f"{data_dir.name}.log"
     with log.open("ab") as out:
         process = subprocess.Popen(
-            [NOIDA, "start", "--only", "kafka", "--kafka-port", str(port), "--data-dir", str(data_dir)],
+            [noida_binary(), "start", "--only", "kafka", "--kafka-port", str(port), "--data-dir", str(data_dir)],
             stdout=out,
             stderr=out,
             stdin=subprocess.DEVNULL,
