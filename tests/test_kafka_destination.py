@@ -199,3 +199,24 @@ def test_every_committed_event_is_in_the_topic_in_order_with_relays_killed(
 def test_bad_settings_are_one_line_and_exit_2(db: Db, pg_dsn: str, args: tuple[str, ...], needle: str) -> None:
     proc = run_relay("start", "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "kafka", *args)
     assert_one_line_error(proc, needle)
+
+
+def test_routes_hold_a_missing_topic_while_the_others_flow(
+    db: Db, relay_dsn: str, kafka: KafkaService, relays: list[RelayProcess]
+) -> None:
+    """Each route's topic has its own breaker: a topic nobody created holds its own
+    messages only, and they go once it exists."""
+    orders = kafka.create_topic(partitions=2)
+    later = f"relay-test-invoices-{time.monotonic_ns()}"
+    ids = db.insert([("o1", "OrderPlaced", {}), ("i1", "InvoiceSent", {}), ("o2", "OrderPlaced", {})])
+    env = relay_env(RELAY_DSN=relay_dsn)
+    relay = kafka_relay(db.names, kafka, orders, "--route", f"Invoice*={later}", env=env, relays=relays)
+    assert wait_until(lambda: db.statuses().get("done", 0) == 2, timeout=30), relay.tail()
+    time.sleep(2)
+    invoice = db.row(ids[1])
+    assert invoice["status"] == "pending" and invoice["attempts"] == 0, invoice
+    assert sorted(int(r.headers["outbox_id"]) for r in kafka.read(orders)) == [ids[0], ids[2]]
+    kafka.create_topic(partitions=1, name=later)
+    assert wait_until(settled(db, 3), timeout=30), relay.tail()
+    assert db.row(ids[1])["attempts"] == 1
+    assert [int(r.headers["outbox_id"]) for r in kafka.read(later)] == [ids[1]]

@@ -228,3 +228,20 @@ def test_every_committed_event_is_in_the_stream_once_in_order_with_relays_killed
     ordered_ids = {i for order in expected.values() for i in order}
     for aggregate, order in expected.items():
         assert [i for i in by_aggregate.get(aggregate, []) if i in ordered_ids] == order, aggregate
+
+
+def test_routes_hold_a_subject_no_stream_captures_while_the_others_flow(
+    db: Db, relay_dsn: str, nats_stream: NatsStream, relays: list[RelayProcess]
+) -> None:
+    nats_stream.create()
+    orphan = nats_stream.prefix.replace("relay-test.", "relay-orphan.") + ".invoices"
+    ids = db.insert([("o1", "OrderPlaced", {}), ("i1", "InvoiceSent", {}), ("o2", "OrderPlaced", {})])
+    env = relay_env(RELAY_DSN=relay_dsn)
+    relay = nats_relay(
+        db.names, nats_stream, nats_stream.subject("orders"), "--route", f"Invoice*={orphan}", env=env, relays=relays
+    )
+    assert wait_until(lambda: db.statuses().get("done", 0) == 2, timeout=30), relay.tail()
+    time.sleep(2)
+    invoice = db.row(ids[1])
+    assert invoice["status"] == "pending" and invoice["attempts"] == 0, invoice
+    assert sorted(int(m.headers["outbox_id"]) for m in nats_stream.read()) == [ids[0], ids[2]]
