@@ -111,3 +111,21 @@ def test_a_header_file_line_is_named_without_its_value(pg_dsn: str, tmp_path: Pa
     )
     line = assert_one_line_error(proc, "line 2")
     assert "tok-abcdefgh" not in line
+
+
+def test_a_static_header_replaces_a_producer_header_of_the_same_name_in_any_case() -> None:
+    from relay.adapters.http.publisher import HttpPublisher
+    from relay.adapters.http.settings import HttpSettings
+    from relay.message import OutboxMessage
+
+    settings = HttpSettings(url="https://api.example.com/hooks", headers={"Authorization": "Bearer static-token"})
+    message = OutboxMessage(
+        id=7, aggregate_type="order", aggregate_id="Ωmega-1", event_type="OrderPaid", body=b"{}", attempt=1,
+        lease_version=1, ordered=False, headers={"authorization": "Bearer producer", "tenant": "t-1"},
+        event_id="0b7c8f2e-2f43-4c8e-9a51-5d1f0c3b9e10",
+    )  # fmt: skip
+    headers = HttpPublisher(settings).headers(message, now=1_800_000_000)
+    assert [k for k in headers if k.lower() == "authorization"] == ["Authorization"]
+    assert headers["Authorization"] == "Bearer static-token" and headers["tenant"] == "t-1"
+    assert headers["Idempotency-Key"] == message.event_id and headers["Relay-Outbox-Id"] == "7"
+    assert headers["Relay-Aggregate-Id"] == "%CE%A9mega-1"

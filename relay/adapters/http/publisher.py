@@ -85,6 +85,9 @@ class HttpPublisher:
         self._rate = RateLimit(settings.rate)
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout.total_seconds())
         self._where = settings.where
+        # Names the destination's static headers take: a producer header of the same name
+        # in another case would be sent beside it, not instead of it.
+        self._static = frozenset(name.lower() for name in settings.headers)
 
     def _ssl_context(self) -> ssl.SSLContext:
         s = self.settings
@@ -114,7 +117,8 @@ class HttpPublisher:
         static ones, then the relay's, which nothing else may stand in for."""
         headers: dict[str, str] = {}
         for name, text in (m.headers or {}).items():
-            if name.lower() not in RESERVED_HEADERS and not name.lower().startswith("relay-"):
+            lower = name.lower()
+            if lower not in RESERVED_HEADERS and lower not in self._static and not lower.startswith("relay-"):
                 headers[name] = header_value(text)
         headers.update(self.settings.headers)
         event_id = m.event_id or str(m.id)

@@ -4,6 +4,7 @@ the stream before it counts as delivered, with ``Nats-Msg-Id`` = the event id.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Sequence
@@ -71,7 +72,10 @@ class NatsPublisher:
 
     async def close(self) -> None:
         if self._nc is not None:
-            await self._nc.drain()
+            # Drain: what was published is flushed first. A connection already closed
+            # (the server went away for good) has nothing left to flush.
+            with contextlib.suppress(nats.errors.ConnectionClosedError):
+                await self._nc.drain()
             self._nc = None
 
     def headers(self, m: OutboxMessage) -> dict[str, str]:
