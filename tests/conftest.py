@@ -260,6 +260,11 @@ class Db:
         cur = self.conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(self.table))
         return dict(cur.fetchall())
 
+    def settled(self, count: int) -> bool:
+        """Whether ``count`` rows have finished, delivered or dead."""
+        statuses = self.statuses()
+        return statuses.get("done", 0) + statuses.get("dead", 0) == count
+
     def expire_leases(self) -> None:
         """Move every lease into the past: what waiting out the lease would do, without the wait."""
         self.conn.execute(

@@ -534,6 +534,46 @@ def producers_both_ways(
     return locked, unlocked, thread
 
 
+# Each kind's share in the destinations' runs with relays killed (a few seconds of writes).
+KILLED_RELAYS_RUN = {
+    "locked": {"aggregates": 10, "transactions": 40},
+    "unlocked": {"aggregates": 6, "transactions": 25},
+}
+
+
+def producers_of_kind(
+    owner_dsn: str,
+    producer_dsn: str,
+    names: OutboxNames,
+    kind: str,
+    seed: int,
+    *,
+    aggregates: int,
+    transactions: int,
+) -> tuple[CommitLog, threading.Thread]:
+    """Producers of ``kind`` writing in the background, started: ``locked`` ones (the design
+    reference's pattern, three threads of ``transactions`` each, an unordered EmailQueued
+    beside each transaction's events) or ``unlocked`` ones (``transactions`` rounds, commits
+    against id order), on ``aggregates`` aggregates of their own. Their commit log is the
+    order oracle."""
+    log = CommitLog()
+    if kind == "locked":
+        locked = [f"order-L{i}" for i in range(aggregates)]
+        create_producer_tables(owner_dsn, names, locked, producer_dsn=producer_dsn)
+        producers = LockedProducers(
+            producer_dsn, names, locked, log, threads=3, unordered_type="EmailQueued", seed=seed, pause_s=0.02
+        )
+        thread = threading.Thread(target=producers.run, args=(transactions,))
+    else:
+        thread = threading.Thread(
+            target=produce_unlocked,
+            args=(producer_dsn, names, [f"order-U{i}" for i in range(aggregates)], log),
+            kwargs={"rounds": transactions, "seed": seed, "pause_s": (0.0, 0.1)},
+        )
+    thread.start()
+    return log, thread
+
+
 def fleet_producers(
     pg_dsn: str,
     names: OutboxNames,

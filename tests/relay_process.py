@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -225,6 +226,26 @@ def wait_until(check: Callable[[], bool], timeout: float = 10.0, interval: float
             return True
         time.sleep(interval)
     return check()
+
+
+def kill_relays_while(
+    busy: Callable[[], bool],
+    relays: list[RelayProcess],
+    start: Callable[[], object],
+    rng: random.Random,
+    *,
+    at_least: int = 3,
+) -> int:
+    """SIGKILL one running relay of ``relays`` every 1-2 s (``rng`` picks when and which) and
+    ``start`` another in its place, while ``busy()`` holds and at least ``at_least`` times;
+    how many were killed."""
+    kills = 0
+    while busy() or kills < at_least:
+        time.sleep(rng.uniform(1, 2))
+        rng.choice([r for r in relays if r.running()]).kill()
+        kills += 1
+        start()
+    return kills
 
 
 async def wait_until_async(check: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02) -> bool:

@@ -16,7 +16,6 @@ import json
 import random
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
@@ -31,8 +30,8 @@ from tests.conftest import Db
 from tests.deliveries import ORDERED, store_fleet_ordering
 from tests.http_receiver import Receiver
 from tests.pg_clusters import free_port
-from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
-from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
+from tests.producers import KILLED_RELAYS_RUN, Arrival, order_violations, producers_of_kind
+from tests.relay_process import RelayProcess, kill_relays_while, relay_env, run_relay, wait_until
 
 SECRET_OLD = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SECRET_NEW = "whsec_" + "c2VjcmV0LWZvci10aGUtbmV3LXJvdGF0aW9uLWtleQ=="
@@ -64,14 +63,6 @@ def http_relay(names: Any, url: str, *extra: str, env: dict[str, str], relays: l
     return relay
 
 
-def settled(db: Db, count: int) -> Callable[[], bool]:
-    def check() -> bool:
-        statuses = db.statuses()
-        return statuses.get("done", 0) + statuses.get("dead", 0) == count
-
-    return check
-
-
 def test_each_answer_is_sorted_into_its_failure_class(
     db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess]
 ) -> None:
@@ -88,7 +79,7 @@ def test_each_answer_is_sorted_into_its_failure_class(
     db.insert((f"agg-{t}", t, {"n": i}) for i, t in enumerate(types))
     env = relay_env(RELAY_DSN=relay_dsn, RELAY_WEBHOOK_SECRET=SECRET_OLD)
     relay = http_relay(db.names, receiver.url, "--http-timeout", "1s", env=env, relays=relays)
-    assert wait_until(settled(db, len(types)), timeout=40), (db.statuses(), relay.tail())
+    assert wait_until(lambda: db.settled(len(types)), timeout=40), (db.statuses(), relay.tail())
     rows = {r["event_type"]: r for r in db.rows()}
     got = receiver.requests()
 
@@ -146,7 +137,7 @@ def test_a_closed_port_holds_messages_unspent_until_the_receiver_is_up(
     rows = db.rows()
     assert {r["status"] for r in rows} == {"pending"} and {r["attempts"] for r in rows} == {0}, rows
     receiver = receivers(port=port)
-    assert wait_until(settled(db, len(ids)), timeout=30), (db.statuses(), relay.tail())
+    assert wait_until(lambda: db.settled(len(ids)), timeout=30), (db.statuses(), relay.tail())
     assert {r["attempts"] for r in db.rows()} == {1}
     assert len(receiver.requests()) == 5
     assert wait_until(lambda: readyz()[0] == 200, timeout=20), readyz()
@@ -160,7 +151,7 @@ def test_redirects_and_unauthorized_hold_the_destination_without_spending_attemp
     receiver = receivers(RECEIVER_SCRIPT=json.dumps(script))
     db.insert([("a", "Moved", {}), ("b", "Locked", {})])
     relay = http_relay(db.names, receiver.url, env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
-    assert wait_until(settled(db, 2), timeout=40), (db.statuses(), relay.tail())
+    assert wait_until(lambda: db.settled(2), timeout=40), (db.statuses(), relay.tail())
     assert {r["event_type"]: r["attempts"] for r in db.rows()} == {"Moved": 1, "Locked": 1}
     assert "a redirect to" in relay.stderr() or "308" in relay.stderr()
 
@@ -177,7 +168,7 @@ def test_routes_send_event_types_to_their_own_urls_with_their_own_credentials(
     db.insert([("c1", "CustomerCreated", {}), ("o1", "OrderPaid", {}), ("c2", "CustomerMoved", {})])
     env = relay_env(RELAY_DSN=relay_dsn)
     relay = http_relay(db.names, billing.url, "--config", str(config), env=env, relays=relays)
-    assert wait_until(settled(db, 3), timeout=20), relay.tail()
+    assert wait_until(lambda: db.settled(3), timeout=20), relay.tail()
     assert sorted(r["event_type"] for r in crm.requests()) == ["CustomerCreated", "CustomerMoved"]
     assert all(r["headers"]["Authorization"] == token for r in crm.requests())
     [paid] = billing.requests()
@@ -191,7 +182,7 @@ def test_a_replay_sends_the_same_key_with_the_replay_header(
     ids = db.insert((f"a{i}", "OrderPlaced", {"i": i}) for i in range(4))
     env = relay_env(RELAY_DSN=relay_dsn, RELAY_WEBHOOK_SECRET=SECRET_OLD)
     relay = http_relay(db.names, receiver.url, env=env, relays=relays)
-    assert wait_until(settled(db, 4), timeout=20), relay.tail()
+    assert wait_until(lambda: db.settled(4), timeout=20), relay.tail()
     relay.stop()
     replay = run_relay(
         "replay", "--dsn", pg_dsn, "--schema", db.names.schema, "--broker", "http", "--url", receiver.url,
@@ -236,7 +227,7 @@ def test_tls_with_its_ca_delivers_and_with_a_wrong_ca_holds(
     assert row["status"] == "pending" and row["attempts"] == 0 and receiver.requests() == []
     right = _pem(tmp_path, "ca.pem", ca.cert_pem)
     http_relay(db.names, receiver.url, "--http-ca-file", right, env=env, relays=relays)
-    assert wait_until(settled(db, 1), timeout=20)
+    assert wait_until(lambda: db.settled(1), timeout=20)
     assert db.rows()[0]["attempts"] == 1 and len(receiver.requests()) == 1
 
 
@@ -255,7 +246,7 @@ def test_mutual_tls_sends_the_client_certificate(
     without.stop()
     assert db.rows()[0]["attempts"] == 0 and receiver.requests() == [], db.rows()[0]["last_error"]
     http_relay(db.names, receiver.url, "--http-ca-file", ca_file, "--http-client-cert", client, env=env, relays=relays)
-    assert wait_until(settled(db, 1), timeout=20)
+    assert wait_until(lambda: db.settled(1), timeout=20)
     assert len(receiver.requests()) == 1
 
 
@@ -275,7 +266,7 @@ def test_rotating_secrets_sign_every_request_and_never_reach_the_logs(
         db.names, receiver.url, "--webhook-secret-file", str(secrets), "--http-header-file", str(headers),
         env=env, relays=relays,
     )  # fmt: skip
-    assert wait_until(settled(db, 11), timeout=30), relay.tail()
+    assert wait_until(lambda: db.settled(11), timeout=30), relay.tail()
     relay.stop()
     got = receiver.requests()
     assert len(got) == 11 and all(r["verified"] for r in got)
@@ -298,7 +289,7 @@ def test_the_rate_limit_spaces_requests(
     receiver = receivers()
     db.insert((f"a{i}", "OrderPlaced", {"i": i}) for i in range(30))
     relay = http_relay(db.names, receiver.url, "--http-rate", "20", env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
-    assert wait_until(settled(db, 30), timeout=30), relay.tail()
+    assert wait_until(lambda: db.settled(30), timeout=30), relay.tail()
     times = [r["at"] for r in receiver.requests()]
     assert len(times) == 30
     # 30 requests at 20/s: the last at least 29 intervals (1.45 s) after the first.
@@ -319,21 +310,6 @@ def test_every_committed_event_reaches_the_receiver_once_in_order_with_relays_ki
     }
     receiver = receivers(RECEIVER_SCRIPT=json.dumps(flaky), RECEIVER_SECRETS=SECRET_OLD)
     env = relay_env(RELAY_DSN=relay_dsn, RELAY_WEBHOOK_SECRET=SECRET_OLD, RELAY_LOG_LEVEL="warning")
-    log = CommitLog()
-    if kind == "locked":
-        aggregates = [f"order-L{i}" for i in range(10)]
-        create_producer_tables(pg_dsn, names, aggregates, producer_dsn=producer_dsn)
-        producers = LockedProducers(
-            producer_dsn, names, aggregates, log, threads=3, unordered_type="EmailQueued", seed=27, pause_s=0.02
-        )
-        thread = threading.Thread(target=producers.run, args=(40,))
-    else:
-        aggregates = [f"order-U{i}" for i in range(6)]
-        thread = threading.Thread(
-            target=produce_unlocked,
-            args=(producer_dsn, names, aggregates, log),
-            kwargs={"rounds": 25, "seed": 27, "pause_s": (0.0, 0.1)},
-        )
 
     def start() -> None:
         http_relay(names, receiver.url, "--ordered", ORDERED, "--lease", "3s", "--publish-timeout", "2s",
@@ -341,16 +317,9 @@ def test_every_committed_event_reaches_the_receiver_once_in_order_with_relays_ki
 
     start()
     start()
-    thread.start()
-    rng = random.Random(27)
-    kills = 0
-    while thread.is_alive() or kills < 3:
-        time.sleep(rng.uniform(1, 2))
-        victim = rng.choice([r for r in relays if r.running()])
-        victim.kill()
-        kills += 1
-        start()
-    thread.join()
+    log, producing = producers_of_kind(pg_dsn, producer_dsn, names, kind, 27, **KILLED_RELAYS_RUN[kind])
+    kills = kill_relays_while(producing.is_alive, relays, start, random.Random(27))
+    producing.join()
     total = len(db.rows())
     assert wait_until(lambda: db.statuses().get("done", 0) == total, timeout=60), (db.statuses(), relays[-1].tail())
 
@@ -360,13 +329,8 @@ def test_every_committed_event_reaches_the_receiver_once_in_order_with_relays_ki
     keys = receiver.query("SELECT idempotency_key, count(*) FROM requests WHERE status = 200 GROUP BY 1")
     assert all(n >= 1 for _k, n in keys) and len(keys) == total
     assert all(r["verified"] for r in receiver.requests())
-    expected = log.expected()
-    applied: dict[str, list[int]] = {}
-    for outbox_id, aggregate in effects:
-        applied.setdefault(aggregate, []).append(int(outbox_id))
-    ordered_ids = {i for ids in expected.values() for i in ids}
-    for aggregate, ids in expected.items():
-        assert [i for i in applied.get(aggregate, []) if i in ordered_ids] == ids, aggregate
+    applied = [Arrival(int(outbox_id), aggregate) for outbox_id, aggregate in effects]
+    assert order_violations(log.expected(), applied) == []
     assert kills >= 3
     for relay in relays:
         relay.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,8 +24,8 @@ from tests.conftest import Db
 from tests.deliveries import ORDERED, store_fleet_ordering
 from tests.kafka_broker import KafkaService, Record
 from tests.pg_clusters import free_port
-from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
-from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
+from tests.producers import KILLED_RELAYS_RUN, Arrival, first_deliveries, order_violations, producers_of_kind
+from tests.relay_process import RelayProcess, assert_one_line_error, kill_relays_while, relay_env, run_relay, wait_until
 
 
 def kafka_relay(
@@ -42,21 +41,13 @@ def kafka_relay(
     return relay
 
 
-def settled(db: Db, count: int) -> Callable[[], bool]:
-    def check() -> bool:
-        statuses = db.statuses()
-        return statuses.get("done", 0) + statuses.get("dead", 0) == count
-
-    return check
-
-
 def test_records_carry_the_envelope_keyed_by_aggregate(
     db: Db, relay_dsn: str, kafka: KafkaService, relays: list[RelayProcess]
 ) -> None:
     topic = kafka.create_topic(partitions=3)
     ids = db.insert((f"order-{i % 5}", "OrderPlaced", {"i": i}) for i in range(20))
     relay = kafka_relay(db.names, kafka, topic, env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
-    assert wait_until(settled(db, 20), timeout=30), relay.tail()
+    assert wait_until(lambda: db.settled(20), timeout=30), relay.tail()
     records = kafka.read(topic)
     rows = {r["id"]: r for r in db.rows()}
     assert sorted(int(r.headers["outbox_id"]) for r in records) == ids
@@ -89,7 +80,7 @@ def test_a_missing_topic_holds_messages_unspent_and_is_never_created(
     assert topic not in kafka.topics()  # the relay's requests did not create it
     assert "no such topic" in relay.stderr()
     kafka.create_topic(partitions=2, name=topic)
-    assert wait_until(settled(db, 10), timeout=30), relay.tail()
+    assert wait_until(lambda: db.settled(10), timeout=30), relay.tail()
     assert {r["attempts"] for r in db.rows()} == {1} and {r["status"] for r in db.rows()} == {"done"}
     assert len(kafka.read(topic)) == 10
 
@@ -102,7 +93,7 @@ def test_a_record_over_the_size_limit_goes_dead_alone(
     ids = db.insert([("a", "OrderPlaced", {"n": 1}), ("b", "OrderPlaced", big), ("c", "OrderPlaced", {})])
     env = relay_env(RELAY_DSN=relay_dsn)
     relay = kafka_relay(db.names, kafka, topic, "--kafka-max-message-size", "4096", env=env, relays=relays)
-    assert wait_until(settled(db, 3), timeout=30), relay.tail()
+    assert wait_until(lambda: db.settled(3), timeout=30), relay.tail()
     rows = {r["id"]: r for r in db.rows()}
     assert [rows[i]["status"] for i in ids] == ["done", "dead", "done"]
     assert rows[ids[1]]["attempts"] == 1 and "MessageSizeTooLarge" in rows[ids[1]]["last_error"]
@@ -118,21 +109,6 @@ def test_every_committed_event_is_in_the_topic_in_order_with_relays_killed(
     store_fleet_ordering(pg_dsn, names)
     topic = kafka.create_topic(partitions=4)
     env = relay_env(RELAY_DSN=relay_dsn, RELAY_LOG_LEVEL="warning")
-    log = CommitLog()
-    if kind == "locked":
-        aggregates = [f"order-L{i}" for i in range(10)]
-        create_producer_tables(pg_dsn, names, aggregates, producer_dsn=producer_dsn)
-        producers = LockedProducers(
-            producer_dsn, names, aggregates, log, threads=3, unordered_type="EmailQueued", seed=28, pause_s=0.02
-        )
-        thread = threading.Thread(target=producers.run, args=(40,))
-    else:
-        aggregates = [f"order-U{i}" for i in range(6)]
-        thread = threading.Thread(
-            target=produce_unlocked,
-            args=(producer_dsn, names, aggregates, log),
-            kwargs={"rounds": 25, "seed": 28, "pause_s": (0.0, 0.1)},
-        )
 
     def start() -> None:
         kafka_relay(names, kafka, topic, "--ordered", ORDERED, "--lease", "3s", "--publish-timeout", "2s",
@@ -140,15 +116,9 @@ def test_every_committed_event_is_in_the_topic_in_order_with_relays_killed(
 
     start()
     start()
-    thread.start()
-    rng = random.Random(28)
-    kills = 0
-    while thread.is_alive() or kills < 3:
-        time.sleep(rng.uniform(1, 2))
-        rng.choice([r for r in relays if r.running()]).kill()
-        kills += 1
-        start()
-    thread.join()
+    log, producing = producers_of_kind(pg_dsn, producer_dsn, names, kind, 28, **KILLED_RELAYS_RUN[kind])
+    kills = kill_relays_while(producing.is_alive, relays, start, random.Random(28))
+    producing.join()
     total = len(db.rows())
     assert wait_until(lambda: db.statuses().get("done", 0) == total, timeout=60), (db.statuses(), relays[-1].tail())
 
@@ -160,16 +130,10 @@ def test_every_committed_event_is_in_the_topic_in_order_with_relays_killed(
     record_property("kafka_duplicates", duplicates)
     print(f"\n{kind}: {len(records)} records for {total} events, {duplicates} duplicates, {kills} relays killed")
     # Per aggregate, as a consumer of its partition reads it, first occurrences only.
-    first: dict[str, list[int]] = {}
-    seen: set[int] = set()
-    for r, outbox_id in zip(records, ids, strict=True):
-        if outbox_id not in seen:
-            seen.add(outbox_id)
-            first.setdefault(r.headers["aggregate_id"], []).append(outbox_id)
+    read = [Arrival(outbox_id, r.headers["aggregate_id"]) for r, outbox_id in zip(records, ids, strict=True)]
     expected = log.expected()
+    assert order_violations(expected, first_deliveries(read)) == []
     ordered_ids = {i for order in expected.values() for i in order}
-    for aggregate, order in expected.items():
-        assert [i for i in first.get(aggregate, []) if i in ordered_ids] == order, aggregate
     # aggregate_seq is gapless per aggregate in what was read (a consumer's gap check).
     for aggregate in expected:
         seqs = []
@@ -217,6 +181,6 @@ def test_routes_hold_a_missing_topic_while_the_others_flow(
     assert invoice["status"] == "pending" and invoice["attempts"] == 0, invoice
     assert sorted(int(r.headers["outbox_id"]) for r in kafka.read(orders)) == [ids[0], ids[2]]
     kafka.create_topic(partitions=1, name=later)
-    assert wait_until(settled(db, 3), timeout=30), relay.tail()
+    assert wait_until(lambda: db.settled(3), timeout=30), relay.tail()
     assert db.row(ids[1])["attempts"] == 1
     assert [int(r.headers["outbox_id"]) for r in kafka.read(later)] == [ids[1]]

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 
 import pytest
 from psycopg import sql
@@ -24,8 +22,8 @@ from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.deliveries import ORDERED, store_fleet_ordering
 from tests.nats_server import NatsStream
-from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
-from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
+from tests.producers import KILLED_RELAYS_RUN, Arrival, order_violations, producers_of_kind
+from tests.relay_process import RelayProcess, assert_one_line_error, kill_relays_while, relay_env, run_relay, wait_until
 
 
 def nats_relay(
@@ -41,14 +39,6 @@ def nats_relay(
     return relay
 
 
-def settled(db: Db, count: int) -> Callable[[], bool]:
-    def check() -> bool:
-        statuses = db.statuses()
-        return statuses.get("done", 0) + statuses.get("dead", 0) == count
-
-    return check
-
-
 def test_messages_carry_the_envelope_and_the_event_id_as_nats_msg_id(
     db: Db, relay_dsn: str, nats_stream: NatsStream, relays: list[RelayProcess]
 ) -> None:
@@ -57,7 +47,7 @@ def test_messages_carry_the_envelope_and_the_event_id_as_nats_msg_id(
     relay = nats_relay(
         db.names, nats_stream, nats_stream.subject("orders"), env=relay_env(RELAY_DSN=relay_dsn), relays=relays
     )
-    assert wait_until(settled(db, 9), timeout=30), relay.tail()
+    assert wait_until(lambda: db.settled(9), timeout=30), relay.tail()
     got = nats_stream.read()
     rows = {r["id"]: r for r in db.rows()}
     assert sorted(int(m.headers["outbox_id"]) for m in got) == ids
@@ -82,13 +72,13 @@ def test_a_redelivery_inside_the_window_is_stored_once_and_a_replay_again(
     env = relay_env(RELAY_DSN=relay_dsn)
     subject = nats_stream.subject("mail")
     relay = nats_relay(db.names, nats_stream, subject, env=env, relays=relays)
-    assert wait_until(settled(db, 6), timeout=30), relay.tail()
+    assert wait_until(lambda: db.settled(6), timeout=30), relay.tail()
     relay.stop()
     db.conn.execute(
         sql.SQL("UPDATE {} SET status = 'pending', available_at = now() WHERE id = ANY(%s)").format(db.table), (ids,)
     )
     again = nats_relay(db.names, nats_stream, subject, env=env, relays=relays)
-    assert wait_until(settled(db, 6), timeout=30), again.tail()
+    assert wait_until(lambda: db.settled(6), timeout=30), again.tail()
     again.stop()
     assert {r["attempts"] for r in db.rows()} == {2}  # published twice
     assert sorted(int(m.headers["outbox_id"]) for m in nats_stream.read()) == ids  # stored once
@@ -116,7 +106,7 @@ def test_a_missing_stream_holds_messages_unspent_then_everything_flows(
     assert {r["status"] for r in rows} == {"pending"} and {r["attempts"] for r in rows} == {0}, rows
     assert "no JetStream stream captures" in relay.stderr()
     nats_stream.create()
-    assert wait_until(settled(db, 10), timeout=30), relay.tail()
+    assert wait_until(lambda: db.settled(10), timeout=30), relay.tail()
     assert {r["attempts"] for r in db.rows()} == {1} and {r["status"] for r in db.rows()} == {"done"}
     assert len(nats_stream.read()) == 10
 
@@ -130,7 +120,7 @@ def test_a_message_over_max_payload_goes_dead_alone(
     relay = nats_relay(
         db.names, nats_stream, nats_stream.subject("o"), env=relay_env(RELAY_DSN=relay_dsn), relays=relays
     )
-    assert wait_until(settled(db, 3), timeout=30), relay.tail()
+    assert wait_until(lambda: db.settled(3), timeout=30), relay.tail()
     rows = {r["id"]: r for r in db.rows()}
     assert [rows[i]["status"] for i in ids] == ["done", "dead", "done"]
     assert rows[ids[1]]["attempts"] == 1 and "max_payload" in rows[ids[1]]["last_error"]
@@ -144,7 +134,7 @@ def test_a_subject_template_names_each_messages_subject(
     ids = db.insert([("o1", "OrderPlaced", {}), ("o1", "OrderPaid", {}), ("bad id", "OrderPaid", {})])
     template = nats_stream.prefix + ".{aggregate_type}.{event_type}.{aggregate_id}"
     relay = nats_relay(db.names, nats_stream, template, env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
-    assert wait_until(settled(db, 3), timeout=30), relay.tail()
+    assert wait_until(lambda: db.settled(3), timeout=30), relay.tail()
     got = {int(m.headers["outbox_id"]): m.subject for m in nats_stream.read()}
     assert got == {
         ids[0]: nats_stream.subject("order", "OrderPlaced", "o1"),
@@ -179,21 +169,6 @@ def test_every_committed_event_is_in_the_stream_once_in_order_with_relays_killed
     store_fleet_ordering(pg_dsn, names)
     nats_stream.create()  # duplicate_window 2 minutes: longer than the whole test
     env = relay_env(RELAY_DSN=relay_dsn, RELAY_LOG_LEVEL="warning")
-    log = CommitLog()
-    if kind == "locked":
-        aggregates = [f"order-L{i}" for i in range(10)]
-        create_producer_tables(pg_dsn, names, aggregates, producer_dsn=producer_dsn)
-        producers = LockedProducers(
-            producer_dsn, names, aggregates, log, threads=3, unordered_type="EmailQueued", seed=29, pause_s=0.02
-        )
-        thread = threading.Thread(target=producers.run, args=(40,))
-    else:
-        aggregates = [f"order-U{i}" for i in range(6)]
-        thread = threading.Thread(
-            target=produce_unlocked,
-            args=(producer_dsn, names, aggregates, log),
-            kwargs={"rounds": 25, "seed": 29, "pause_s": (0.0, 0.1)},
-        )
     subject = nats_stream.subject("orders")
 
     def start() -> None:
@@ -202,15 +177,9 @@ def test_every_committed_event_is_in_the_stream_once_in_order_with_relays_killed
 
     start()
     start()
-    thread.start()
-    rng = random.Random(29)
-    kills = 0
-    while thread.is_alive() or kills < 3:
-        time.sleep(rng.uniform(1, 2))
-        rng.choice([r for r in relays if r.running()]).kill()
-        kills += 1
-        start()
-    thread.join()
+    log, producing = producers_of_kind(pg_dsn, producer_dsn, names, kind, 29, **KILLED_RELAYS_RUN[kind])
+    kills = kill_relays_while(producing.is_alive, relays, start, random.Random(29))
+    producing.join()
     total = len(db.rows())
     assert wait_until(lambda: db.statuses().get("done", 0) == total, timeout=60), (db.statuses(), relays[-1].tail())
 
@@ -221,13 +190,8 @@ def test_every_committed_event_is_in_the_stream_once_in_order_with_relays_killed
     # Every redelivery fell inside the stream's duplicate window: not one stored twice.
     assert sorted(i for i, n in counts.items() if n > 1) == []
     print(f"\n{kind}: {len(got)} messages in the stream for {total} events, 0 duplicates, {kills} relays killed")
-    by_aggregate: dict[str, list[int]] = {}
-    for m, outbox_id in zip(got, ids, strict=True):
-        by_aggregate.setdefault(m.headers["aggregate_id"], []).append(outbox_id)
-    expected = log.expected()
-    ordered_ids = {i for order in expected.values() for i in order}
-    for aggregate, order in expected.items():
-        assert [i for i in by_aggregate.get(aggregate, []) if i in ordered_ids] == order, aggregate
+    read = [Arrival(outbox_id, m.headers["aggregate_id"]) for m, outbox_id in zip(got, ids, strict=True)]
+    assert order_violations(log.expected(), read) == []
 
 
 def test_routes_hold_a_subject_no_stream_captures_while_the_others_flow(

@@ -14,7 +14,6 @@ against it.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,13 +31,15 @@ from relay.worker import RELEASED_BROKER_REFUSED, Worker, WorkerConfig
 from tests.conftest import Db
 from tests.deliveries import ORDERED, check_deliveries, read_queue, store_fleet_ordering
 from tests.helpers import make_worker
-from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked
+from tests.producers import producers_of_kind
 from tests.rabbitmq_broker import AmqpService, Rabbit, TcpProxy
 from tests.relay_process import RelayProcess, relay_env, wait_until_async
 
 # How long the proxy holds the broker's frames: each publish waits this long for its
 # confirms, the window in which the next batch is leased and waiting.
 CONFIRM_LATENCY_S = 1.0
+# How many aggregates and transactions (or rounds) each kind of producer writes.
+PRODUCERS = {"locked": {"aggregates": 12, "transactions": 40}, "unlocked": {"aggregates": 8, "transactions": 40}}
 
 
 @dataclass(frozen=True)
@@ -59,30 +60,6 @@ def relay_args(names: OutboxNames, exchange: str, url: str) -> list[str]:
         "--lease", "5s", "--publish-timeout", "4s", "--poll-interval", "200ms",
         "--ordering-default", "unordered", "--ordered", ORDERED,
     ]  # fmt: skip
-
-
-def produce(
-    pg_dsn: str, producer_dsn: str, names: OutboxNames, kind: str, seed: int
-) -> tuple[CommitLog, threading.Thread]:
-    """Producers of ``kind`` writing in the background: ``locked`` ones (the design
-    reference's pattern, three threads) or ``unlocked`` ones (commits against id order)."""
-    log = CommitLog()
-    if kind == "locked":
-        aggregates = [f"order-L{i}" for i in range(12)]
-        create_producer_tables(pg_dsn, names, aggregates, producer_dsn=producer_dsn)
-        producers = LockedProducers(
-            producer_dsn, names, aggregates, log, threads=3, unordered_type="EmailQueued", seed=seed, pause_s=0.02
-        )
-        thread = threading.Thread(target=producers.run, args=(40,))
-    else:
-        aggregates = [f"order-U{i}" for i in range(8)]
-        thread = threading.Thread(
-            target=produce_unlocked,
-            args=(producer_dsn, names, aggregates, log),
-            kwargs={"rounds": 40, "seed": seed, "pause_s": (0.0, 0.1)},
-        )
-    thread.start()
-    return log, thread
 
 
 async def warm_up(db: Db, relay: RelayProcess) -> None:
@@ -180,7 +157,7 @@ async def test_a_relay_killed_with_a_batch_in_hand_and_one_prefetched_loses_noth
     exchange, queue, env, first = await start_behind_slow_confirms(
         pg_dsn, relay_dsn, names, db, rabbit, amqp, proxy, relays
     )
-    log, producing = produce(pg_dsn, producer_dsn, names, kind, seed=11)
+    log, producing = producers_of_kind(pg_dsn, producer_dsn, names, kind, 11, **PRODUCERS[kind])
 
     seen = await two_batches_in_flight(db, first)
     first.kill()  # no drain: both batches stay leased until their leases expire
@@ -220,7 +197,7 @@ async def test_sigterm_with_a_prefetched_batch_releases_it_and_exits_0(
     exchange, queue, env, relay = await start_behind_slow_confirms(
         pg_dsn, relay_dsn, names, db, rabbit, amqp, proxy, relays
     )
-    log, producing = produce(pg_dsn, producer_dsn, names, kind, seed=5)
+    log, producing = producers_of_kind(pg_dsn, producer_dsn, names, kind, 5, **PRODUCERS[kind])
     await asyncio.to_thread(producing.join)  # a backlog: the claim ahead finds a full batch
 
     seen = await two_batches_in_flight(db, relay)
