@@ -15,6 +15,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from relay.adapters.kafka.classify import classify
 from relay.adapters.kafka.settings import KafkaSettings
+from relay.adapters.quiet_logs import QuietLines
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError, first_line
@@ -31,24 +32,13 @@ TOPIC_AUTHORIZATION_FAILED = 29
 MISSING_RECHECK_S = 1.0
 
 
-class QuietConnects(logging.Filter):
+class QuietConnects(QuietLines):
     """Drops aiokafka's line for each failed connection and metadata request, each an
     ERROR, repeated on every try while a broker is down: the relay says an outage once,
     with the broker's reason, and refuses to start with one line."""
 
     LOGGERS = ("aiokafka", "aiokafka.producer.sender")
     PREFIXES = ("Unable connect to", "Unable to request metadata", "Unexpected error during InitProducerIdRequest")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES))
-
-    def install(self) -> None:
-        for name in self.LOGGERS:
-            logging.getLogger(name).addFilter(self)
-
-    def remove(self) -> None:
-        for name in self.LOGGERS:
-            logging.getLogger(name).removeFilter(self)
 
 
 class KafkaPublisher:

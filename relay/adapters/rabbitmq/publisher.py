@@ -21,6 +21,7 @@ import aiormq
 import aiormq.exceptions as amqp_errors
 
 from relay.adapters.outage import OutageLog
+from relay.adapters.quiet_logs import QuietLines
 from relay.adapters.rabbitmq.blocked import Blocking
 from relay.adapters.rabbitmq.classify import (
     HELD,
@@ -568,7 +569,7 @@ async def _close_channel(channel: aio_pika.abc.AbstractChannel) -> None:
         await asyncio.wait_for(channel.close(), CHANNEL_CLOSE_TIMEOUT_S)
 
 
-class QuietReconnects(logging.Filter):
+class QuietReconnects(QuietLines):
     """Drops the client library's lines for each failed reconnect attempt, each lost
     connection (one with a traceback) and each blocked connection: the adapter reports a
     lost connection once, with the broker's reason, a block with its alarm, and an outage
@@ -585,14 +586,3 @@ class QuietReconnects(logging.Filter):
         "Connection %r was blocked",
         "Connection %r was unblocked",
     )
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES))
-
-    def install(self) -> None:
-        for name in self.LOGGERS:
-            logging.getLogger(name).addFilter(self)
-
-    def remove(self) -> None:
-        for name in self.LOGGERS:
-            logging.getLogger(name).removeFilter(self)
