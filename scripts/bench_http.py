@@ -25,8 +25,8 @@ import textwrap
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import psycopg
@@ -152,6 +152,33 @@ async def raw_run(port: int, messages: int, concurrency: int) -> tuple[float, fl
     return messages / elapsed, cpu / messages
 
 
+Result = tuple[float, float]  # messages per second, CPU seconds per message
+
+
+def alternate(rounds: int, relay: Callable[[], Result], raw: Callable[[], Result]) -> dict[str, list[Result]]:
+    """``rounds`` rounds of both senders, which goes first alternating by round (the
+    machine warms up and the database grows as a run goes on)."""
+    results: dict[str, list[Result]] = {"relay": [], "raw": []}
+    for r in range(rounds):
+        for variant in ("relay", "raw") if r % 2 == 0 else ("raw", "relay"):
+            results[variant].append(relay() if variant == "relay" else raw())
+    return results
+
+
+def report(title: str, raw_label: str, relay_label: str, results: dict[str, list[Result]]) -> None:
+    """The medians as a table, the ratio of the relay's rate to the raw client's, and each round's rates."""
+    relay_rate = statistics.median(r for r, _ in results["relay"])
+    raw_rate = statistics.median(r for r, _ in results["raw"])
+    relay_cpu = statistics.median(c for _, c in results["relay"]) * 1e6
+    raw_cpu = statistics.median(c for _, c in results["raw"]) * 1e6
+    print(title)
+    print("| sender | messages/s | CPU per message |\n|---|---|---|")
+    print(f"| {raw_label} | {raw_rate:,.0f} | {raw_cpu:,.0f} µs |")
+    print(f"| {relay_label} | {relay_rate:,.0f} | {relay_cpu:,.0f} µs |")
+    print(f"ratio relay/raw: {relay_rate / raw_rate:.2f}x; CPU {relay_cpu / raw_cpu:.2f}x the raw client's")
+    print("rounds:", {k: [f"{r:,.0f}/s" for r, _ in v] for k, v in results.items()})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn", default=os.environ.get("RELAY_BENCH_DSN", DEFAULT_DSN))
@@ -164,7 +191,6 @@ def main() -> None:
         args.messages, args.rounds = 3000, 1
     port = free_port()
     receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port)])
-    results: dict[str, list[tuple[float, float]]] = {"relay": [], "raw": []}
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -175,29 +201,19 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        for r in range(args.rounds):
-            order: Any = ("relay", "raw") if r % 2 == 0 else ("raw", "relay")
-            for variant in order:
-                if variant == "relay":
-                    setup(args.dsn, args.messages)
-                    results["relay"].append(relay_run(args.dsn, port, args.messages, args.concurrency))
-                else:
-                    results["raw"].append(asyncio.run(raw_run(port, args.messages, args.concurrency)))
+
+        def relay() -> Result:
+            setup(args.dsn, args.messages)
+            return relay_run(args.dsn, port, args.messages, args.concurrency)
+
+        results = alternate(args.rounds, relay, lambda: asyncio.run(raw_run(port, args.messages, args.concurrency)))
     finally:
         receiver.terminate()
         receiver.wait()
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
-    relay_rate = statistics.median(r for r, _ in results["relay"])
-    raw_rate = statistics.median(r for r, _ in results["raw"])
-    relay_cpu = statistics.median(c for _, c in results["relay"]) * 1e6
-    raw_cpu = statistics.median(c for _, c in results["raw"]) * 1e6
-    print(f"HTTP: {args.messages:,} messages, concurrency {args.concurrency}, median of {args.rounds} rounds")
-    print("| sender | messages/s | CPU per message |\n|---|---|---|")
-    print(f"| raw aiohttp client | {raw_rate:,.0f} | {raw_cpu:,.0f} µs |")
-    print(f"| relay start --broker http | {relay_rate:,.0f} | {relay_cpu:,.0f} µs |")
-    print(f"ratio relay/raw: {relay_rate / raw_rate:.2f}x; CPU {relay_cpu / raw_cpu:.2f}x the raw client's")
-    print("rounds:", {k: [f"{r:,.0f}/s" for r, _ in v] for k, v in results.items()})
+    title = f"HTTP: {args.messages:,} messages, concurrency {args.concurrency}, median of {args.rounds} rounds"
+    report(title, "raw aiohttp client", "relay start --broker http", results)
 
 
 if __name__ == "__main__":

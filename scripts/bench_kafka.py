@@ -20,21 +20,19 @@ import os
 import resource
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_http import DEFAULT_DSN, PAYLOAD, RELAY, SCHEMA, cpu_of, free_port, setup
+from scripts.bench_http import DEFAULT_DSN, PAYLOAD, RELAY, SCHEMA, Result, alternate, cpu_of, free_port, report, setup
 
 NOIDA = str(Path(sys.executable).with_name("noida-db"))
 PARTITIONS = 4
@@ -137,31 +135,24 @@ def main() -> None:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     bootstrap = f"127.0.0.1:{port}"
-    results: dict[str, list[tuple[float, float]]] = {"relay": [], "raw": []}
     try:
         time.sleep(2)
-        for r in range(args.rounds):
-            order: Any = ("relay", "raw") if r % 2 == 0 else ("raw", "relay")
-            for variant in order:
-                if variant == "relay":
-                    setup(args.dsn, args.messages)
-                    results["relay"].append(relay_run(args.dsn, bootstrap, args.messages))
-                else:
-                    results["raw"].append(asyncio.run(raw_run(bootstrap, args.messages)))
+
+        def relay() -> Result:
+            setup(args.dsn, args.messages)
+            return relay_run(args.dsn, bootstrap, args.messages)
+
+        results = alternate(args.rounds, relay, lambda: asyncio.run(raw_run(bootstrap, args.messages)))
     finally:
         os.killpg(broker.pid, signal.SIGTERM)
         broker.wait()
         shutil.rmtree(data, ignore_errors=True)
-    relay_rate = statistics.median(r for r, _ in results["relay"])
-    raw_rate = statistics.median(r for r, _ in results["raw"])
-    relay_cpu = statistics.median(c for _, c in results["relay"]) * 1e6
-    raw_cpu = statistics.median(c for _, c in results["raw"]) * 1e6
-    print(f"Kafka (noida-db): {args.messages:,} messages, median of {args.rounds} rounds")
-    print("| sender | messages/s | CPU per message |\n|---|---|---|")
-    print(f"| raw aiokafka idempotent producer | {raw_rate:,.0f} | {raw_cpu:,.0f} µs |")
-    print(f"| relay start --broker kafka | {relay_rate:,.0f} | {relay_cpu:,.0f} µs |")
-    print(f"ratio relay/raw: {relay_rate / raw_rate:.2f}x; CPU {relay_cpu / raw_cpu:.2f}x the raw client's")
-    print("rounds:", {k: [f"{r:,.0f}/s" for r, _ in v] for k, v in results.items()})
+    report(
+        f"Kafka (noida-db): {args.messages:,} messages, median of {args.rounds} rounds",
+        "raw aiokafka idempotent producer",
+        "relay start --broker kafka",
+        results,
+    )
 
 
 if __name__ == "__main__":

@@ -17,20 +17,18 @@ import argparse
 import asyncio
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import nats
 from nats.js.api import StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_http import DEFAULT_DSN, PAYLOAD, RELAY, SCHEMA, cpu_of, setup
+from scripts.bench_http import DEFAULT_DSN, PAYLOAD, RELAY, SCHEMA, Result, alternate, cpu_of, report, setup
 
 URL = os.environ.get("RELAY_BENCH_NATS_URL", "nats://127.0.0.1:4222")
 
@@ -120,25 +118,18 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.messages, args.rounds = 4000, 1
-    results: dict[str, list[tuple[float, float]]] = {"relay": [], "raw": []}
-    for r in range(args.rounds):
-        order: Any = ("relay", "raw") if r % 2 == 0 else ("raw", "relay")
-        for variant in order:
-            if variant == "relay":
-                setup(args.dsn, args.messages)
-                results["relay"].append(relay_run(args.dsn, args.messages))
-            else:
-                results["raw"].append(asyncio.run(raw_run(args.messages)))
-    relay_rate = statistics.median(r for r, _ in results["relay"])
-    raw_rate = statistics.median(r for r, _ in results["raw"])
-    relay_cpu = statistics.median(c for _, c in results["relay"]) * 1e6
-    raw_cpu = statistics.median(c for _, c in results["raw"]) * 1e6
-    print(f"NATS JetStream: {args.messages:,} messages, median of {args.rounds} rounds")
-    print("| sender | messages/s | CPU per message |\n|---|---|---|")
-    print(f"| raw nats-py JetStream publishes | {raw_rate:,.0f} | {raw_cpu:,.0f} µs |")
-    print(f"| relay start --broker nats | {relay_rate:,.0f} | {relay_cpu:,.0f} µs |")
-    print(f"ratio relay/raw: {relay_rate / raw_rate:.2f}x; CPU {relay_cpu / raw_cpu:.2f}x the raw client's")
-    print("rounds:", {k: [f"{r:,.0f}/s" for r, _ in v] for k, v in results.items()})
+
+    def relay() -> Result:
+        setup(args.dsn, args.messages)
+        return relay_run(args.dsn, args.messages)
+
+    results = alternate(args.rounds, relay, lambda: asyncio.run(raw_run(args.messages)))
+    report(
+        f"NATS JetStream: {args.messages:,} messages, median of {args.rounds} rounds",
+        "raw nats-py JetStream publishes",
+        "relay start --broker nats",
+        results,
+    )
 
 
 if __name__ == "__main__":
