@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -41,3 +42,40 @@ def machine_busy() -> tuple[float, float]:
     idle = values[3] + values[4]  # idle + iowait
     total = sum(values[:8])  # up to steal; guest time is already inside user
     return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
+class CpuMeter:
+    """CPU seconds spent by every process named one of ``names`` between ``start`` and
+    ``stop``, counting processes that start or exit meanwhile (a database connection
+    closed at the end of a run takes its backend's CPU with it from a plain before/after
+    sum): each process is sampled every ``interval`` seconds, and one that exits keeps
+    what it had used at its last sample."""
+
+    def __init__(self, *names: str, interval: float = 0.1) -> None:
+        self.names, self.interval = names, interval
+        self._first: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        for pid in pids_named(*self.names):
+            used = process_cpu(pid)
+            if used:
+                self._last[pid] = used
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def start(self) -> CpuMeter:
+        for pid in pids_named(*self.names):
+            self._first[pid] = process_cpu(pid)
+        self._thread.start()
+        return self
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        return sum(used - self._first.get(pid, 0.0) for pid, used in self._last.items())
