@@ -639,7 +639,7 @@ def main() -> None:
                 )
             )
 
-        for history in (0, a.history):
+        for history in sorted({0, a.history}):
             for ordered in (False, True):
                 steps.append(("drain", functools.partial(drain, ordered, history)))
     if "latency" in only:

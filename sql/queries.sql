@@ -303,7 +303,7 @@ UPDATE {q_settings}
 RETURNING updated_at;
 
 -- finalize --
--- Write a batch of outcomes in one statement, each row fenced by status = 'processing' and its lease_version; returns the ids written. lease_version is written too, with the token the writer holds: the fence makes that the value already there, and it leaves in the row (and in any audit of its updates) whose lease wrote it.
+-- Write a batch of outcomes in one statement, each row fenced by status = 'processing' and its lease_version; returns the ids written. lease_version is written too, with the token the writer holds: the fence makes that the value already there, and it leaves in the row (and in any audit of its updates) whose lease wrote it. Committed without waiting for its WAL flush (see the comment in the statement).
 UPDATE {outbox} AS o
    SET status       = f.status,
        lease_version = f.version,
@@ -317,7 +317,16 @@ UPDATE {outbox} AS o
        lease_until  = NULL
   FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(statuses)s::text[],
               %(delays)s::float8[], %(errors)s::text[], %(refunds)s::int[])
-       AS f(id, version, status, delay_s, error, refund)
+       AS f(id, version, status, delay_s, error, refund),
+       -- This statement's transaction (autocommit: the statement alone) commits without
+       -- waiting for its WAL to reach disk. Safe: a crash of the database can lose only an
+       -- outcome nothing durable has built on (every claim commits synchronously, and a
+       -- flush writes all WAL before it, so the claim of the aggregate's next message makes
+       -- this outcome durable first); a lost outcome leaves its row processing, the lease
+       -- runs out and the message is delivered again, as after a relay crash. Fencing
+       -- tokens come from claims, which are never lost once used. Saves a flush (about
+       -- 125 us on this project's test machine) on every batch.
+       (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
  WHERE o.id = f.id
    AND o.status = 'processing'
    AND o.lease_version = f.version

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from relay.message import Decision
 from relay.ordering import OrderingMap
@@ -151,3 +152,45 @@ async def test_backed_off_rows_wait_for_available_at(store: OutboxStore, db: Db)
     db.make_available()
     [again] = await claim(store, "B")
     assert again.id == m.id and again.attempt == 2
+
+
+async def wal_syncs(conn: psycopg.AsyncConnection[Any]) -> int:
+    """The cluster's WAL flushes so far, with this connection's own counted: a backend
+    reports its statistics at most once a second unless told to at its next transaction."""
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT 1")
+    cur = await conn.execute("SELECT wal_sync FROM pg_stat_wal")
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.serial  # pg_stat_wal counts the whole cluster's flushes: nothing else may commit meanwhile
+async def test_finalize_commits_without_waiting_for_a_wal_flush_and_claims_do(
+    relay_dsn: str, db: Db, names: Any
+) -> None:
+    """Each claim waits for its WAL to reach disk (a fencing token must never be handed out
+    twice, not even after a crash of the database); a finalize does not (a lost outcome is
+    a message delivered again). Counted in flushes of the WAL, as the server reports them,
+    on a pool of one connection, whose reports the count then includes."""
+    from psycopg_pool import AsyncConnectionPool
+
+    db.insert((f"agg-{i}", "Ping", {"i": i}) for i in range(30))
+    async with AsyncConnectionPool(relay_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool:
+        store = OutboxStore(pool, names)
+
+        async def syncs() -> int:
+            async with pool.connection() as conn:
+                return await wal_syncs(conn)
+
+        before = await syncs()
+        claimed = [m for _ in range(30) for m in await claim(store, "A", batch=1)]
+        claims_synced = await syncs() - before
+        assert len(claimed) == 30
+        before = await syncs()
+        for m in claimed:
+            assert await store.finalize([Decision.published(m)]) == set()
+        finalizes_synced = await syncs() - before
+    assert db.statuses() == {"done": 30}
+    assert claims_synced >= 30, f"the claims waited for {claims_synced} flushes: the count cannot tell"
+    assert finalizes_synced < 10, f"30 finalizes waited for {finalizes_synced} WAL flushes"
