@@ -1,11 +1,13 @@
 """The settings every relay of one outbox shares, stored in ``<table>_settings``.
 
-Two settings live in the database, because the database itself acts on them:
+Three settings live in the database, because the database itself acts on them:
 
 * the **ordering map**: the routing trigger sends each row to the ordered or the unordered
   claim by the map stored at the moment the row is inserted;
 * **notify**: whether the producers' insert trigger may send a NOTIFY (wake-ups; it sends
-  one only while every relay is idle, see :mod:`relay.wakeup`).
+  one only while every relay is idle, see :mod:`relay.wakeup`);
+* **commit order**: how the ingest learns the order of producers' commits, by stamp or by
+  id (:mod:`relay.commit_order`; only `relay settings set` changes it).
 
 Only `relay migrate` (given ordering or notify options) and `relay settings set` change
 them, through :func:`update_settings`. `relay start` never writes them: it reads them,
@@ -24,6 +26,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from relay.commit_order import CommitOrder, switch
 from relay.config import ORDERING_OPTIONS, START_OPTIONS
 from relay.errors import ConfigError
 from relay.options import Option, source_of
@@ -36,7 +39,7 @@ Conn = psycopg.AsyncConnection[Any]
 # The options of `relay start` (and `relay migrate`) that name a shared setting, by dest.
 NOTIFY_OPTION = next(o for o in START_OPTIONS if o.dest == "notify")
 SHARED_OPTIONS: tuple[Option, ...] = (*ORDERING_OPTIONS, NOTIFY_OPTION)
-SETTING_NAMES = ("ordering_default", "ordered", "unordered", "notify")
+SETTING_NAMES = ("ordering_default", "ordered", "unordered", "notify", "commit_order")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class SharedSettings:
     ordering: OrderingMap
     notify: bool
     updated_at: datetime | None = None
+    commit_order: CommitOrder = "stamp"
 
     def value(self, setting: str) -> Any:
         """One setting in the form its option takes: 'ordered'/'unordered', a tuple, a bool."""
@@ -57,6 +61,8 @@ class SharedSettings:
             return self.ordering.unordered
         if setting == "notify":
             return self.notify
+        if setting == "commit_order":
+            return self.commit_order
         raise KeyError(setting)
 
     def to_json(self) -> dict[str, Any]:
@@ -67,6 +73,7 @@ class SharedSettings:
                 "unordered": list(self.ordering.unordered),
             },
             "notify": self.notify,
+            "commit_order": self.commit_order,
             "updated_at": self.updated_at.isoformat() if self.updated_at else None,
         }
 
@@ -79,6 +86,7 @@ class SettingsUpdate:
     ordered: tuple[str, ...] | None = None
     unordered: tuple[str, ...] | None = None
     notify: bool | None = None
+    commit_order: CommitOrder | None = None
 
     @classmethod
     def whole_map(cls, ordering: OrderingMap, *, notify: bool | None = None) -> SettingsUpdate:
@@ -102,7 +110,12 @@ class SettingsUpdate:
             ordered=self.ordered if self.ordered is not None else stored.ordering.ordered,
             unordered=self.unordered if self.unordered is not None else stored.ordering.unordered,
         )
-        return SharedSettings(ordering, self.notify if self.notify is not None else stored.notify, stored.updated_at)
+        return SharedSettings(
+            ordering,
+            self.notify if self.notify is not None else stored.notify,
+            stored.updated_at,
+            self.commit_order if self.commit_order is not None else stored.commit_order,
+        )
 
 
 @dataclass(frozen=True)
@@ -155,7 +168,10 @@ def _from_row(row: Mapping[str, Any] | None, names: OutboxNames) -> SharedSettin
     if row is None:
         raise ConfigError(f"{names.qualified}_settings has no row: run `relay migrate`")
     return SharedSettings(
-        ordering=OrderingMap.from_sql_params(row), notify=bool(row["notify"]), updated_at=row["updated_at"]
+        ordering=OrderingMap.from_sql_params(row),
+        notify=bool(row["notify"]),
+        updated_at=row["updated_at"],
+        commit_order=row["commit_order"],
     )
 
 
@@ -176,9 +192,11 @@ async def update_settings(conn: Conn, names: OutboxNames, update: SettingsUpdate
         after = update.apply(before)
         changed = differences(before, after)
         if changed:
-            await cur.execute(_query(names, "settings_write"), {**after.ordering.sql_params(), "notify": after.notify})
+            await switch(conn, names, before.commit_order, after.commit_order)
+            params = {**after.ordering.sql_params(), "notify": after.notify, "commit_order": after.commit_order}
+            await cur.execute(_query(names, "settings_write"), params)
             row = await cur.fetchone()
-            after = SharedSettings(after.ordering, after.notify, row["updated_at"] if row else None)
+            after = SharedSettings(after.ordering, after.notify, row["updated_at"] if row else None, after.commit_order)
     return SettingsChange(before, after, changed)
 
 
@@ -235,6 +253,8 @@ def set_command(names: OutboxNames, settings: Iterable[tuple[str, Any]]) -> str:
     for setting, value in settings:
         if setting == "notify":
             words.append("--notify" if value else "--no-notify")
+        elif setting == "commit_order":
+            words += ["--commit-order", str(value)]
         elif setting == "ordering_default":
             words += ["--ordering-default", str(value)]
         else:
@@ -288,6 +308,7 @@ def render_text(settings: SharedSettings, names: OutboxNames) -> str:
             f"  ordered           {show('ordered', settings.ordering.ordered)}",
             f"  unordered         {show('unordered', settings.ordering.unordered)}",
             f"  notify            {show('notify', settings.notify)}   ({wakeups})",
+            f"  commit order      {settings.commit_order}   ({_COMMIT_ORDER[settings.commit_order]})",
         ]
     )
 
@@ -299,12 +320,20 @@ def render_change(change: SettingsChange, names: OutboxNames) -> str:
     width = max(len(_label(c.setting)) for c in change.changed)
     lines = [f"{names.qualified}: shared settings changed"]
     lines += [f"  {_label(c.setting):<{width}}  {c.old} -> {c.new}" for c in change.changed]
-    if any(c.setting != "notify" for c in change.changed):
+    if any(c.setting in ("ordering_default", "ordered", "unordered") for c in change.changed):
         lines.append("  (rows inserted from now on are routed by the new map; rows already written keep their route)")
     if any(c.setting == "notify" for c in change.changed):
         lines.append("  (relays decide at start whether to LISTEN: restart them to follow a change of notify)")
+    if any(c.setting == "commit_order" for c in change.changed):
+        lines.append("  (rows committed before the change were numbered by the old rule first; relays follow at once)")
     return "\n".join(lines)
 
 
 def _label(setting: str) -> str:
-    return "ordering default" if setting == "ordering_default" else setting
+    return {"ordering_default": "ordering default", "commit_order": "commit order"}.get(setting, setting)
+
+
+_COMMIT_ORDER = {
+    "stamp": "a commit stamp per producer transaction: right for any producer",
+    "id": "by outbox id: producers lock the aggregate before inserting, no commit stamp",
+}

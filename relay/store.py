@@ -20,6 +20,7 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
 
+from relay.commit_order import ingest_by_id
 from relay.db import SessionLimits, configure_session
 from relay.dbtext import SQL_ASCII, not_utf8, not_utf8_bytes, readable, server_encoding, storable
 from relay.dsn import mask
@@ -103,6 +104,7 @@ class OutboxStore:
         self.limits = limits
         # Render every statement once: identifiers are fixed for the life of the store.
         self._sql = {name: names.render(text) for name, text in named_queries().items()}
+        self._sql["ingest_by_id"] = names.render(ingest_by_id(named_queries()["ingest"]))
 
     def query(self, name: str) -> psycopg.sql.Composed:
         return self._sql[name]
@@ -201,16 +203,30 @@ class OutboxStore:
         await conn.execute(self._sql["ingest_plans"])
         cur = await conn.execute(self._sql["ingest_lock"])
         turn = await cur.fetchone()
+        mode = "stamp"
         if turn is not None and turn[0]:  # our turn, and something committed to number
-            cur = await conn.execute(self._sql["ingest"], {"transactions": INGEST_TRANSACTIONS})
+            cur = await conn.execute(self._sql["commit_order_read"])
+            found = await cur.fetchone()
+            mode = found[0] if found is not None else "stamp"
+            ingest = self._sql["ingest_by_id" if mode == "id" else "ingest"]
+            cur = await conn.execute(ingest, {"transactions": INGEST_TRANSACTIONS})
             row = await cur.fetchone()
         else:
-            row = (0, 0, 0, 0)
+            row = (0, 0, 0, 0, None)
         await conn.execute(self._sql["ingest_plans_reset"])
         assert row is not None  # a SELECT of scalar subqueries always returns one row
-        planned, numbered, transactions, _aggregates = row
+        planned, numbered, transactions, _aggregates, late = row
         if numbered != planned:
             raise IngestRaced(f"ingest: {planned - numbered} of {planned} rows changed while being numbered")
+        if late and mode == "id":
+            log.warning(
+                "%s runs with --commit-order id, but rows of %s became visible after a later id of their aggregate"
+                " was numbered (aggregate: first new id < largest numbered id): a producer inserted before"
+                " locking the aggregate, or without locking it, so these were numbered by id, not commit order;"
+                " fix the producer or `relay settings set --commit-order stamp`",
+                self.names.qualified,
+                "; ".join(late),
+            )
         return numbered, transactions >= INGEST_TRANSACTIONS
 
     async def finalize(self, decisions: Sequence[Decision]) -> set[int]:

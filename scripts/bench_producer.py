@@ -30,6 +30,7 @@ Needs `pgbench` (Debian: package postgresql-client or the server package).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import shutil
@@ -48,6 +49,8 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from relay.commit_order import CommitOrder
+from relay.shared_settings import SettingsUpdate, update_settings
 from relay.sqlfiles import migrations, named_queries
 from relay.sqlnames import OutboxNames
 from scripts.procstat import process_cpu
@@ -73,6 +76,7 @@ class Variant:
     version: int | None = None  # migrations applied; None: the plain table
     relay: str | None = "working"  # the relays' state: working, idle, or None (wake-ups off)
     disabled: tuple[str, ...] = ()  # relay triggers switched off, to see what the rest costs
+    commit_order: CommitOrder = "stamp"  # relay settings set --commit-order
 
 
 PLAIN = Variant("plain table")
@@ -83,7 +87,15 @@ VARIANTS = (
     Variant("relay schema, wake-ups on, a relay idle", relay="idle"),
     Variant("relay schema, `--no-notify`", relay=None),
     Variant("relay schema, a relay working, no commit stamp", disabled=("stamp",)),
+    Variant("relay schema, `--commit-order id`, a relay working", commit_order="id"),
     Variant("relay schema, no relay triggers", disabled=("stamp", "route")),
+)
+# --compare-commit-order: the commit stamp (any producer) against --commit-order id
+# (producers that lock the aggregate), alternating within every round.
+COMPARE_COMMIT_ORDER = (
+    PLAIN,
+    Variant("relay schema, `--commit-order stamp`, a relay working"),
+    Variant("relay schema, `--commit-order id`, a relay working", commit_order="id"),
 )
 # --compare-0011: the commit stamp drawn as the producer (0010) and as the owner (0011:
 # SECURITY DEFINER with a pinned search_path, one user switch and one search_path save and
@@ -126,12 +138,52 @@ def setup(dsn: str, variant: Variant) -> str:
             if variant.relay is not None:
                 before_0008 = variant.version is not None and variant.version < 8
                 _record_relay(conn, idle=variant.relay == "idle", before_0008=before_0008)
+            if variant.commit_order != "stamp":
+                asyncio.run(_switch(dsn, variant.commit_order))
             for trigger in variant.disabled:
                 conn.execute(
                     sql.SQL("ALTER TABLE {} DISABLE TRIGGER {}").format(table, sql.Identifier(f"outbox_{trigger}"))
                 )
         conn.execute("CHECKPOINT")
     return f"{SCHEMA}.outbox"
+
+
+async def _switch(dsn: str, mode: CommitOrder) -> None:
+    """`relay settings set --commit-order MODE`, as the owner."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await update_settings(conn, NAMES, SettingsUpdate(commit_order=mode))
+
+
+def switch_cost(dsn: str, rows: int) -> None:
+    """How long `relay settings set --commit-order` holds the outbox, with ``rows`` rows in
+    it (delivered history, and 1,000 ordered rows waiting to be numbered), each way."""
+    setup(dsn, Variant("switch"))
+    table = sql.Identifier(SCHEMA, "outbox")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, status, done_at, aggregate_seq)"
+                " SELECT 'order', 'order-' || (g %% 10000), 'OrderPaid', '{{\"n\": 1}}', 'done', now(), g"
+                " FROM generate_series(1, %s) AS g"
+            ).format(table),
+            (rows,),
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+                " SELECT 'order', 'fresh-' || (g % 100), 'OrderPaid', '{{}}' FROM generate_series(1, 1000) AS g"
+            ).format(table)
+        )
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
+    modes: tuple[CommitOrder, ...] = ("id", "stamp")
+    for mode in modes:
+        started = time.perf_counter()
+        asyncio.run(_switch(dsn, mode))
+        print(
+            f"switch to --commit-order {mode} with {rows:,} rows in the outbox: {time.perf_counter() - started:.2f} s"
+        )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
 
 
 def _record_relay(conn: psycopg.Connection[Any], *, idle: bool, before_0008: bool) -> None:
@@ -213,9 +265,10 @@ PARTS: tuple[tuple[str, str | None], ...] = (
     ("  without the xid column's default", "ALTER TABLE {t} ALTER COLUMN xid SET DEFAULT '0'"),
     ("  without the index outbox_fresh_idx", "DROP INDEX {s}.outbox_fresh_idx"),
     (
-        "  without the 5 indexes an insert does not write",
+        "  without the 8 indexes an insert does not write",
         "DROP INDEX {s}.outbox_aggregate_seq_idx, {s}.outbox_dead_idx, {s}.outbox_leased_idx,"
-        " {s}.outbox_one_in_flight_idx, {s}.outbox_unordered_ready_idx",
+        " {s}.outbox_one_in_flight_idx, {s}.outbox_unordered_ready_idx, {s}.outbox_dead_group_idx,"
+        " {s}.outbox_dead_type_idx, {s}.outbox_dead_ordered_idx",
     ),
     ("plain table", None),
 )
@@ -280,8 +333,23 @@ def main() -> None:
     ap.add_argument("--parts", action="store_true", help="only what each part of the schema costs (about 1 minute)")
     ap.add_argument("--compare-0011", action="store_true", help="only the plain table, 0010 and 0011 (stamp as owner)")
     ap.add_argument("--compare-0015", action="store_true", help="only the plain table, 0013 and 0015 (event_id)")
+    ap.add_argument(
+        "--compare-commit-order", action="store_true", help="only the plain table, --commit-order stamp and id"
+    )
+    ap.add_argument("--switch", type=int, metavar="ROWS", help="only time the switch of --commit-order at ROWS rows")
     args = ap.parse_args()
-    variants = COMPARE_0011 if args.compare_0011 else COMPARE_0015 if args.compare_0015 else VARIANTS
+    if args.switch:
+        switch_cost(args.dsn, args.switch)
+        return
+    variants = (
+        COMPARE_0011
+        if args.compare_0011
+        else COMPARE_0015
+        if args.compare_0015
+        else COMPARE_COMMIT_ORDER
+        if args.compare_commit_order
+        else VARIANTS
+    )
     if args.parts:
         print_parts(
             parts(args.dsn, rounds=1 if args.quick else 3, transactions=2000 if args.quick else 20000), args.markdown

@@ -40,16 +40,18 @@ SET LOCAL enable_seqscan = DEFAULT;
 -- ingest_lock --
 -- Take the ingest's turn: one relay numbers at a time. Returns no row when another relay holds the turn (that relay numbers what has committed); else whether anything may wait to be numbered. That answer comes from this statement's snapshot, taken before the lock: a "no" only leaves rows to the next turn, and saves the numbering statement when idle.
 SELECT (SELECT c.stamp FROM {q_commits} AS c ORDER BY c.stamp LIMIT 1) IS NOT NULL
-       OR (SELECT o.id
-             FROM {outbox} AS o
-            WHERE o.ordered AND o.aggregate_seq IS NULL AND o.status IN ('pending', 'dead')
-            ORDER BY o.xid, o.id  -- the fresh index's order: one probe
-            LIMIT 1) IS NOT NULL AS work
+       OR EXISTS (SELECT 1
+                    FROM {outbox} AS o  -- the fresh index, whatever its columns: one probe
+                   WHERE o.ordered AND o.aggregate_seq IS NULL AND o.status IN ('pending', 'dead')) AS work
   FROM {q_ingest}
    FOR UPDATE SKIP LOCKED;
 
+-- commit_order_read --
+-- How the ingest learns commit order ('stamp' or 'id', relay.commit_order), read after ingest_lock: a switch holds the ingest's turn until it commits, so this statement's snapshot sees the mode the table's trigger and index are in.
+SELECT commit_order FROM {q_settings};
+
 -- ingest --
--- Number newly committed ordered rows (aggregate_seq = each aggregate's next numbers, by commit stamp, then id) and offer each aggregate's first one as head where none is. Only after ingest_lock, as the next statement of the same READ COMMITTED transaction: its snapshot is then taken after the previous ingest committed, so no row is numbered twice.
+-- Number newly committed ordered rows (aggregate_seq = each aggregate's next numbers, by commit stamp, then id; OutboxStore runs a variant ordered by id alone under --commit-order id) and offer each aggregate's first one as head where none is. Only after ingest_lock, as the next statement of the same READ COMMITTED transaction: its snapshot is then taken after the previous ingest committed, so no row is numbered twice.
 WITH quiet AS (
     -- This statement keeps the heads itself; the heads trigger may skip it (and the rest
     -- of the transaction: the reaper runs before the ingest, the claims move heads too).
@@ -100,7 +102,12 @@ WITH quiet AS (
                END) OVER (PARTITION BY r.aggregate_id) AS base,
            max(CASE WHEN r.rn = 1
                     THEN (SELECT h.epoch FROM {q_heads} AS h WHERE h.aggregate_id = r.aggregate_id)
-               END) OVER (PARTITION BY r.aggregate_id) AS head_epoch
+               END) OVER (PARTITION BY r.aggregate_id) AS head_epoch,
+           max(CASE WHEN r.rn = 1
+                    THEN (SELECT h.last_id FROM {q_heads} AS h WHERE h.aggregate_id = r.aggregate_id)
+               END) OVER (PARTITION BY r.aggregate_id) AS head_last_id,
+           min(r.id) OVER (PARTITION BY r.aggregate_id) AS first_id,
+           max(r.id) OVER (PARTITION BY r.aggregate_id) AS last_id
       FROM ranked AS r
 ), epoched AS (
     -- The aggregate's epoch (0015), '<timeline>.<first seq>.<token>': the head's while it
@@ -133,13 +140,14 @@ WITH quiet AS (
 ), offered AS (
     -- In aggregate order, like the heads trigger, so the two never deadlock. The counter
     -- never moves backwards (greatest), and a head that exists is left alone.
-    INSERT INTO {q_heads} AS h (aggregate_id, head_id, ready_at, last_seq, epoch)
-    SELECT b.aggregate_id, b.id, b.available_at, b.base + b.n, b.epoch
+    INSERT INTO {q_heads} AS h (aggregate_id, head_id, ready_at, last_seq, epoch, last_id)
+    SELECT b.aggregate_id, b.id, b.available_at, b.base + b.n, b.epoch, b.last_id
       FROM epoched AS b
      WHERE b.rn = 1
      ORDER BY b.aggregate_id
     ON CONFLICT (aggregate_id) DO UPDATE
        SET last_seq    = greatest(h.last_seq, excluded.last_seq),
+           last_id     = greatest(h.last_id, excluded.last_id),
            epoch       = excluded.epoch,
            numbered_at = excluded.numbered_at,  -- now(): relay prune --heads-idle-for counts from it
            head_id     = coalesce(h.head_id, excluded.head_id),
@@ -154,7 +162,17 @@ WITH quiet AS (
 SELECT (SELECT count(*) FROM based) AS planned,
        (SELECT count(*) FROM numbered) AS numbered,
        (SELECT count(*) FROM consumed) AS transactions,
-       (SELECT count(*) FROM offered) AS aggregates;
+       (SELECT count(*) FROM offered) AS aggregates,
+       -- Aggregates whose new rows include an id smaller than one numbered before: a row
+       -- committed after a later id of its aggregate. Only --commit-order id reports them
+       -- (under 'stamp' that is any unlocked producer's normal case); the first few, as
+       -- 'aggregate: id < id'.
+       (SELECT array_agg(l.line)
+          FROM (SELECT b.aggregate_id || ': ' || b.first_id || ' < ' || b.head_last_id AS line
+                  FROM epoched AS b
+                 WHERE b.rn = 1 AND b.first_id < b.head_last_id
+                 ORDER BY b.aggregate_id
+                 LIMIT 5) AS l) AS late;
 
 -- claim_unordered --
 -- Lease a batch of ready rows of unordered event types (plain SKIP LOCKED), in claim order while their payloads fit the byte budget. With oversize, the first row is taken whatever its size; without, rows over the budget are passed over (another worker of the process holds one already).
@@ -281,17 +299,17 @@ UPDATE {q_settings}
 
 -- settings_read --
 -- The outbox's shared settings (ordering map, wake-ups), which relay start runs by and relay status and relay settings show print.
-SELECT ord_default, ord_names, unord_names, ord_patterns, unord_patterns, notify, updated_at
+SELECT ord_default, ord_names, unord_names, ord_patterns, unord_patterns, notify, commit_order, updated_at
   FROM {q_settings};
 
 -- settings_lock --
 -- The shared settings, locked until the transaction ends: relay settings set and relay migrate read, change and write them under this lock, so two of them cannot lose each other's change.
-SELECT ord_default, ord_names, unord_names, ord_patterns, unord_patterns, notify, updated_at
+SELECT ord_default, ord_names, unord_names, ord_patterns, unord_patterns, notify, commit_order, updated_at
   FROM {q_settings}
    FOR UPDATE;
 
 -- settings_write --
--- Store the shared settings (relay migrate with ordering or notify options, relay settings set; relay start never does): rows are routed by the map when inserted, and the insert trigger notifies only while notify is true.
+-- Store the shared settings (relay migrate with ordering or notify options, relay settings set; relay start never does): rows are routed by the map when inserted, and the insert trigger notifies only while notify is true. A change of commit_order is written after relay.commit_order.switch, in the same transaction.
 UPDATE {q_settings}
    SET ord_default    = %(ord_default)s,
        ord_names      = %(ord_names)s,
@@ -299,6 +317,7 @@ UPDATE {q_settings}
        ord_patterns   = %(ord_patterns)s,
        unord_patterns = %(unord_patterns)s,
        notify         = %(notify)s,
+       commit_order   = %(commit_order)s,
        updated_at     = now()
 RETURNING updated_at;
 

@@ -1,5 +1,5 @@
 -- The schema of one outbox as an empty schema holds it after every migration (0001 to
--- 0015), in one file to read: each object in its final form, with why it is there. Objects
+-- 0016), in one file to read: each object in its final form, with why it is there. Objects
 -- a later migration dropped are absent, functions appear in their last version, and what
 -- only converted existing rows (back-fills, renumbering) is left out: there are none here.
 --
@@ -127,7 +127,8 @@ CREATE INDEX {n_dead_idx} ON {outbox} (id) WHERE status = 'dead';
 
 -- New ordered rows the ingest has not numbered yet, found by their transaction. Dead too:
 -- a row someone marked dead by hand before it was numbered still takes its place in the
--- sequence, and blocks its aggregate there.
+-- sequence, and blocks its aggregate there. Under --commit-order id (0016) the same index is
+-- on (id) alone: the ingest takes those rows in id order (relay.commit_order rebuilds it).
 CREATE INDEX {n_fresh_idx} ON {outbox} (xid, id)
     WHERE ordered AND aggregate_seq IS NULL AND status IN ('pending', 'dead');
 
@@ -180,7 +181,13 @@ CREATE TABLE {q_settings} (
     -- relay recomputes it, under the settings row's lock, in the transaction that writes its
     -- own row (sql/queries.sql, listener_*), so two relays changing state at once cannot
     -- leave a stale answer behind. A killed idle relay's answer runs out with its row.
-    wake_until     timestamptz
+    wake_until     timestamptz,
+    -- How the ingest learns commit order (0016; relay settings set --commit-order, which
+    -- relay.commit_order carries out): 'stamp', a commit stamp per producer transaction
+    -- (any producer); 'id', the outbox id (producers that lock the aggregate before they
+    -- insert: the stamp trigger is off and <table>_fresh_idx is on (id)).
+    commit_order   text NOT NULL DEFAULT 'stamp'
+                   CONSTRAINT {n_settings_commit_order_check} CHECK (commit_order IN ('stamp', 'id'))
 );
 INSERT INTO {q_settings} DEFAULT VALUES;
 
@@ -312,7 +319,11 @@ CREATE TABLE {q_heads} (
     -- count from the migration).
     numbered_at  timestamptz NOT NULL DEFAULT now(),
     -- The epoch the ingest numbers in (0015; NULL until it numbers a row after 0015).
-    epoch        text
+    epoch        text,
+    -- The largest outbox id numbered for the aggregate (0016; NULL until the ingest numbers
+    -- one after 0016). Under --commit-order id, a row that becomes visible with a smaller
+    -- id was committed out of id order: the relay warns.
+    last_id      bigint
 );
 
 CREATE INDEX {n_heads_ready_idx} ON {q_heads} (ready_at) WHERE ready_at IS NOT NULL;
@@ -552,4 +563,5 @@ INSERT INTO {q_migrations} (version, name) VALUES
     (11, 'stamp_as_owner'),
     (13, 'history'),
     (14, 'dead_groups'),
-    (15, 'event_identity');
+    (15, 'event_identity'),
+    (16, 'commit_order');

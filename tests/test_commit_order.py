@@ -22,6 +22,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from relay.adapters.memory import InMemoryPublisher
+from relay.commit_order import CommitOrder, ingest_by_id
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.db import open_pool
 from relay.grants import Grantee, grant
@@ -30,7 +31,7 @@ from relay.migrate import migrate
 from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
-from relay.shared_settings import store_ordering
+from relay.shared_settings import SettingsUpdate, read_settings, store_ordering, update_settings
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
@@ -121,10 +122,28 @@ def aggregates(pg_dsn: str, producer_dsn: str, names: OutboxNames) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("lock", ["row", "advisory", "insert-then-lock"])
+async def set_commit_order(pg_dsn: str, names: OutboxNames, mode: CommitOrder) -> None:
+    """`relay settings set --commit-order MODE`, as the table's owner."""
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await update_settings(conn, names, SettingsUpdate(commit_order=mode))
+
+
+@pytest.mark.parametrize(
+    ("lock", "commit_order"),
+    [("row", "stamp"), ("advisory", "stamp"), ("insert-then-lock", "stamp"), ("row", "id"), ("advisory", "id")],
+)
 async def test_locking_producers_are_delivered_in_commit_order(
-    pg_dsn: str, relay_dsn: str, producer_dsn: str, names: OutboxNames, aggregates: list[str], lock: Any
+    pg_dsn: str,
+    relay_dsn: str,
+    producer_dsn: str,
+    names: OutboxNames,
+    aggregates: list[str],
+    lock: Any,
+    commit_order: CommitOrder,
 ) -> None:
+    """Under --commit-order id too, for producers that lock before they insert (what that
+    mode asks of them; insert-then-lock producers do not qualify)."""
+    await set_commit_order(pg_dsn, names, commit_order)
     log = CommitLog()
     producers = LockedProducers(
         producer_dsn, names, aggregates, log, threads=4, lock=lock, unordered_type="EmailQueued", seed=hash(lock) % 1000
@@ -186,6 +205,81 @@ async def test_commits_the_relay_sees_apart_go_in_the_order_it_saw_them(
         [second] = await deliver(store)
     assert (first.id, first.aggregate_seq) == (late, 1)
     assert (second.id, second.aggregate_seq) == (early, 2)
+
+
+async def test_under_commit_order_id_a_producer_that_does_not_lock_is_reported(
+    store: OutboxStore, pg_dsn: str, names: OutboxNames, producer_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The breach the ingest can see: a row that becomes visible after a later id of its
+    aggregate was numbered. It is numbered after it (what else), and the relay says so,
+    naming the aggregate and both ids."""
+    await set_commit_order(pg_dsn, names, "id")
+    with psycopg.connect(producer_dsn) as t1, psycopg.connect(producer_dsn) as t2:
+        early = _insert(t1, names, "acct-7")  # the lower id, committed last: no lock held
+        late = _insert(t2, names, "acct-7")
+        t2.commit()
+        [first] = await deliver(store)
+        t1.commit()
+        with caplog.at_level("WARNING", logger="relay.store"):
+            [second] = await deliver(store)
+    assert (first.id, second.id) == (late, early)
+    assert [m.aggregate_seq for m in (first, second)] == [1, 2]
+    [warning] = [r.getMessage() for r in caplog.records if "commit-order id" in r.getMessage()]
+    assert f"acct-7: {early} < {late}" in warning
+
+
+async def test_under_commit_order_id_rows_that_become_visible_together_go_in_id_order(
+    store: OutboxStore, pg_dsn: str, names: OutboxNames, producer_dsn: str
+) -> None:
+    """Without a stamp, nothing tells the ingest which of two rows visible together
+    committed first: it trusts the ids, which is right for producers that lock. The same
+    commits as the stamp's test below, numbered by id here."""
+    await set_commit_order(pg_dsn, names, "id")
+    with psycopg.connect(producer_dsn) as t1, psycopg.connect(producer_dsn) as t2:
+        a1 = _insert(t1, names)
+        a2 = _insert(t2, names)
+        t2.commit()
+        t1.commit()
+    delivered = await deliver(store)
+    assert [(m.id, m.aggregate_seq) for m in delivered] == [(a1, 1), (a2, 2)]
+
+
+async def test_switching_commit_order_numbers_what_committed_by_the_old_rule_first(
+    store: OutboxStore, db: Db, pg_dsn: str, names: OutboxNames, producer_dsn: str
+) -> None:
+    """Rows committed before a switch are numbered by the rule they were written under,
+    in the switch's own transaction, whichever way it goes; the trigger and the index
+    follow the mode, and `relay settings show` says which it is."""
+
+    def stamps_and_index() -> tuple[int, str]:
+        [(stamps,)] = db.conn.execute(db.names.render("SELECT count(*) FROM {q_commits}")).fetchall()
+        [(index,)] = db.conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND indexname = %s",
+            (names.schema, f"{names.table}_fresh_idx"),
+        ).fetchall()
+        return int(stamps), str(index)
+
+    # Stamped rows against id order (a producer that does not lock), not yet numbered.
+    with psycopg.connect(producer_dsn) as t1, psycopg.connect(producer_dsn) as t2:
+        low = _insert(t1, names)
+        high = _insert(t2, names)
+        t2.commit()
+        t1.commit()
+    await set_commit_order(pg_dsn, names, "id")
+    stamps, index = stamps_and_index()
+    assert stamps == 0 and "(id)" in index
+    # Written under 'id' (no stamp drawn), then switched back before any relay looked.
+    with psycopg.connect(producer_dsn) as t3:
+        after = _insert(t3, names)
+        t3.commit()
+    assert stamps_and_index()[0] == 0, "a stamp was drawn under --commit-order id"
+    await set_commit_order(pg_dsn, names, "stamp")
+    stamps, index = stamps_and_index()
+    assert "(xid, id)" in index
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        assert (await read_settings(conn, names)).commit_order == "stamp"
+    delivered = await deliver(store)
+    assert [(m.id, m.aggregate_seq) for m in delivered] == [(high, 1), (low, 2), (after, 3)]
 
 
 async def test_commits_that_become_visible_together_go_in_commit_order(
@@ -384,11 +478,17 @@ async def test_any_interleaving_is_delivered_in_commit_order_without_gaps(
 
 
 @pytest.mark.parametrize("plan", ["custom", "generic"])
-@pytest.mark.parametrize("stamped", [True, False])
-async def test_the_ingest_never_walks_the_history(db: Db, relay_dsn: str, stamped: bool, plan: str) -> None:
+@pytest.mark.parametrize(("stamped", "commit_order"), [(True, "stamp"), (False, "stamp"), (False, "id")])
+async def test_the_ingest_never_walks_the_history(
+    db: Db, pg_dsn: str, relay_dsn: str, stamped: bool, plan: str, commit_order: CommitOrder
+) -> None:
     """Its plan reaches the outbox only through index conditions (the fresh index by
-    transaction, the primary key by id), with or without committed transactions waiting,
-    even when the statistics were taken while many rows still waited to be numbered."""
+    transaction, or by id under --commit-order id, the primary key by id), with or without
+    committed transactions waiting, even when the statistics were taken while many rows
+    still waited to be numbered."""
+    await set_commit_order(pg_dsn, db.names, commit_order)
+    ingest = "ingest_by_id" if commit_order == "id" else "ingest"
+    queries = {**named_queries(), "ingest_by_id": ingest_by_id(named_queries()["ingest"])}
     db.producer.execute(
         sql.SQL(
             "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
@@ -407,12 +507,12 @@ async def test_the_ingest_never_walks_the_history(db: Db, relay_dsn: str, stampe
     plans = []
     with psycopg.connect(relay_dsn) as conn:  # EXPLAIN needs the privileges of the statement: the relay's
         conn.execute(db.names.render(named_queries()["ingest_plans"]))  # as OutboxStore._ingest does
-        for name in ("ingest_lock", "ingest"):
+        for name in ("ingest_lock", ingest):
             if plan == "custom":
-                query = db.names.render(named_queries()[name])
+                query = db.names.render(queries[name])
                 [(found,)] = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, {"transactions": 5000}).fetchall()
             else:  # what a prepared statement may switch to after five executions
-                text = named_queries()[name].replace("%(transactions)s", "$1::bigint")
+                text = queries[name].replace("%(transactions)s", "$1::bigint")
                 conn.execute(sql.SQL("PREPARE p_{} AS ").format(sql.SQL(name)) + db.names.render(text))
                 conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
                 args = "(5000)" if "$1" in text else ""

@@ -307,3 +307,24 @@ async def test_update_settings_serialises_two_operators(relay_dsn: str, names: O
     async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         now = await read_settings(conn, names)
     assert (now.ordering.ordered, now.ordering.unordered) == (("A",), ("B",))  # neither change lost
+
+
+def test_commit_order_is_switched_by_the_owner_only_and_shown(relay_dsn: str, pg_dsn: str, db: Db) -> None:
+    """The relay's role may change the map but not the table's trigger and index: one line,
+    nothing changed. The owner switches it; `settings show` and `settings set` say so."""
+    mine = target(relay_dsn, db)
+    assert_one_line_error(
+        run_relay("settings", "set", *mine, "--commit-order", "id"), "run it as the table's owner"
+    )
+    owner = target(pg_dsn, db)
+    assert "commit order      stamp" in run_relay("settings", "show", *owner).stdout
+    proc = run_relay("settings", "set", *owner, "--commit-order", "id")
+    assert proc.returncode == 0, proc.stderr
+    assert "commit order  stamp -> id" in proc.stdout
+    assert "commit order      id" in run_relay("settings", "show", *mine).stdout
+    [(enabled,)] = db.conn.execute(
+        "SELECT tgenabled FROM pg_trigger WHERE tgname = %s AND tgrelid = %s::regclass",
+        (f"{db.names.table}_stamp", db.names.qualified),
+    ).fetchall()
+    assert enabled == "D"  # the stamp trigger is off
+    assert_one_line_error(run_relay("settings", "set", *owner, "--commit-order", "sideways"), "sideways")

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from relay.cli.common import OPS_OPTIONS, ops_setup, run, with_conn, with_options
+from relay.commit_order import CommitOrder
 from relay.ops.deadletters import default_operator
 from relay.ops.queries import Conn
 from relay.shared_settings import (
@@ -80,29 +81,40 @@ def show_cmd(as_json: bool, **cli_values: Any) -> None:
     default=None,
     help="Whether producers' inserts NOTIFY the relays (off behind a transaction-mode pooler).",
 )
+@click.option(
+    "--commit-order",
+    "s_commit_order",
+    type=click.Choice(["stamp", "id"]),
+    default=None,
+    help="How commit order is learned: 'stamp' (any producer; the default) or 'id' (every producer locks the"
+    " aggregate before inserting: cheaper inserts). Run as the table's owner; see README, Ordering.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def set_cmd(
     s_default: str | None,
     s_ordered: tuple[str, ...],
     s_unordered: tuple[str, ...],
     s_notify: bool | None,
+    s_commit_order: CommitOrder | None,
     as_json: bool,
     **cli_values: Any,
 ) -> None:
     """Change the shared settings named by the flags, and only those; prints old -> new.
 
     Rows inserted from then on are routed by the new map (rows already written keep
-    their route). Running relays pick up a change of --notify when restarted.
+    their route). Running relays pick up a change of --notify when restarted, and a change
+    of --commit-order at once (it locks the outbox against writes while it switches).
     """
     update = SettingsUpdate(
         ordering_default=s_default,
         ordered=_entries(s_ordered),
         unordered=_entries(s_unordered),
         notify=s_notify,
+        commit_order=s_commit_order,
     )
     if update.is_empty():
         raise click.UsageError(
-            "say what to change: --ordering-default, --ordered, --unordered, --notify or --no-notify"
+            "say what to change: --ordering-default, --ordered, --unordered, --notify, --no-notify or --commit-order"
             " (`relay settings show` prints what is stored)"
         )
     dsn, names = ops_setup(cli_values)
