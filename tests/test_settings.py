@@ -313,9 +313,7 @@ def test_commit_order_is_switched_by_the_owner_only_and_shown(relay_dsn: str, pg
     """The relay's role may change the map but not the table's trigger and index: one line,
     nothing changed. The owner switches it; `settings show` and `settings set` say so."""
     mine = target(relay_dsn, db)
-    assert_one_line_error(
-        run_relay("settings", "set", *mine, "--commit-order", "id"), "run it as the table's owner"
-    )
+    assert_one_line_error(run_relay("settings", "set", *mine, "--commit-order", "id"), "run it as the table's owner")
     owner = target(pg_dsn, db)
     assert "commit order      stamp" in run_relay("settings", "show", *owner).stdout
     proc = run_relay("settings", "set", *owner, "--commit-order", "id")
