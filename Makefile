@@ -27,7 +27,7 @@ RUN_DSN ?= postgresql://postgres@127.0.0.1:5432/test
 RUN_BROKER ?= log
 
 PHONY_EXAMPLES := example-producer example-consumer
-.PHONY: $(PHONY_EXAMPLES) venv bytecode run test test-all test-faults lint format demo bench bench-rabbitmq bench-sqs bench-console soak console-screenshots clean
+.PHONY: $(PHONY_EXAMPLES) venv bytecode run test test-all image wheels image-test test-faults lint format demo bench bench-rabbitmq bench-sqs bench-console soak console-screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,11 +74,27 @@ run: venv
 # fault scenarios and the `serial` tests, which stop RabbitMQ
 # or kill every relay session in the database, alone. Both must pass.
 test: bytecode
-	@$(BIN)/pytest -n 2 -m "not extended and not faults and not serial" $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/pytest -n 2 -m "not extended and not faults and not serial and not image" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
-	$(BIN)/pytest -m "(faults or serial) and not extended" $(PYTEST_ARGS); rc2=$$?; \
+	$(BIN)/pytest -m "(faults or serial) and not extended and not image" $(PYTEST_ARGS); rc2=$$?; \
 	if [ $$rc2 -eq 5 ]; then echo "make test: pytest collected no fault tests" >&2; exit 1; fi; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$rc2
+
+# The container image (Containerfile): `make image` builds it here with buildah on a
+# debootstrap base (root, Debian's buildah and debootstrap; scripts/image.sh), `make wheels`
+# makes dist/wheels for a `docker build .` elsewhere, `make image-test` builds and runs it
+# against this machine's PostgreSQL and RabbitMQ (tests/test_image.py; .ci/run runs it).
+IMAGE ?= localhost/outbox-relay:latest
+image: venv
+	bash scripts/image.sh $(IMAGE)
+
+wheels: venv
+	rm -rf dist/wheels
+	$(BIN)/pip wheel --quiet '.[all,console,otel]' -w dist/wheels
+
+image-test: bytecode
+	@$(BIN)/pytest -m image -s tests/test_image.py $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make image-test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # Everything, the long scenarios (marker `extended`) included.
 test-all: bytecode
