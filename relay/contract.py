@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol, runtime_checkable
@@ -182,12 +183,27 @@ class PublishLimits:
 TIMEOUT_PREFIX = "publish timed out"
 
 
+# The event loop's time by which the publish in progress must end, for an adapter that
+# paces its own sends (relay.errors.NotSent); set by publish_within.
+_DEADLINE: ContextVar[float | None] = ContextVar("relay_publish_deadline", default=None)
+
+
+def publish_deadline() -> float | None:
+    """When the publish in progress is cut short, in the running loop's time
+    (``asyncio.get_running_loop().time()``); None outside :func:`publish_within`. An adapter
+    that makes messages wait for a limit of its own returns :class:`relay.errors.NotSent`
+    for those that could no longer be sent and answered in time, instead of letting the
+    deadline cut them (which spends an attempt on a message that was never sent)."""
+    return _DEADLINE.get()
+
+
 async def publish_within(publisher: Publisher, messages: Sequence[OutboxMessage], deadline_s: float) -> list[Outcome]:
     """``publisher.publish(messages)`` held to the contract, for every caller (the
     workers, relay replay): one outcome per message whatever happens. Past ``deadline_s``
     the publish is cancelled and every message counts as retryable (the broker may or may
     not have it; consumers de-duplicate by id); an exception is every message's outcome;
     a wrong number of outcomes is an adapter bug, the outcome of them all."""
+    token = _DEADLINE.set(asyncio.get_running_loop().time() + deadline_s)
     try:
         async with asyncio.timeout(deadline_s):
             outcomes = list(await publisher.publish(messages))
@@ -195,6 +211,8 @@ async def publish_within(publisher: Publisher, messages: Sequence[OutboxMessage]
         return [RetryableError(f"{TIMEOUT_PREFIX} after {deadline_s:g}s")] * len(messages)
     except Exception as exc:  # the adapter raised for the whole batch
         return [exc] * len(messages)
+    finally:
+        _DEADLINE.reset(token)
     if len(outcomes) != len(messages):
         bug = RuntimeError(
             f"publisher {publisher.name!r} returned {len(outcomes)} outcomes for {len(messages)} messages"

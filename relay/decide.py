@@ -8,7 +8,14 @@ from datetime import timedelta
 from relay.backoff import Backoff
 from relay.contract import TIMEOUT_PREFIX
 from relay.dsn import mask
-from relay.errors import BrokerUnavailable, Defer, DestinationUnavailable, PermanentError, RetryableError
+from relay.errors import (
+    BrokerUnavailable,
+    Defer,
+    DestinationUnavailable,
+    NotSent,
+    PermanentError,
+    RetryableError,
+)
 from relay.message import Decision, OutboxMessage
 
 # last_error is for people reading `relay dead list`; a stack of nested SDK reprs can be
@@ -40,6 +47,8 @@ class Policy:
             return Decision.broker_unavailable(
                 message, self.outage_backoff.delay(broker_failures).total_seconds(), describe(outcome)
             )
+        if isinstance(outcome, NotSent):  # held back by the adapter's own limit: never dead for it
+            return Decision.defer(message, max(outcome.delay.total_seconds(), 0.0), describe_text(outcome.reason))
         if isinstance(outcome, Defer):
             delay = max(outcome.delay.total_seconds(), 0.0)
             if message.age_s + delay > self.defer_max_age.total_seconds():

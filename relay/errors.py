@@ -54,6 +54,15 @@ class Defer(Exception):
         self.reason = reason
 
 
+class NotSent(Defer):
+    """The adapter held the message back for a limit of its own (a connection slot, a
+    rate) and sent nothing: its request could no longer finish inside the publish
+    deadline (:func:`relay.contract.publish_deadline`). Rescheduled after ``delay`` with
+    the attempt refunded, like a :class:`Defer`; unlike one, its age is not held against
+    ``defer_max_age``: the relay's own pacing is not the destination's verdict, and a
+    backlog behind a rate limit must not go to 'dead' unsent."""
+
+
 class BrokerUnavailable(Exception):
     """The broker refuses every message, whatever the message: it is unreachable, or a
     configuration fault (missing exchange or queue, access denied) stops all delivery.

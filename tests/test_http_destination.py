@@ -296,6 +296,32 @@ def test_the_rate_limit_spaces_requests(
     assert (times[-1] - times[0]).total_seconds() >= 1.4
 
 
+@pytest.mark.parametrize("limit", ["rate", "concurrency"])
+def test_messages_held_back_by_the_destinations_limits_spend_no_attempt(
+    db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess], limit: str
+) -> None:
+    """A batch larger than the limit lets through within one publish timeout: the rest are
+    handed back unsent, attempt refunded, and go in later batches. (Cut by the deadline
+    instead, each was charged an attempt it never used, and with --max-attempts 2 most
+    went to dead unsent.)"""
+    slow = {"OrderPlaced": [{"status": 200, "delay_s": 0.3}]}  # no "times": every request
+    receiver = receivers(RECEIVER_SCRIPT=json.dumps(slow)) if limit == "concurrency" else receivers()
+    db.insert((f"a{i}", "OrderPlaced", {"i": i}) for i in range(40))
+    extra = ["--http-rate", "10"] if limit == "rate" else ["--http-concurrency", "2"]
+    relay = http_relay(
+        db.names, receiver.url, *extra, "--workers", "1", "--batch-size", "20", "--publish-timeout", "1s",
+        "--http-timeout", "500ms", "--max-attempts", "2", env=relay_env(RELAY_DSN=relay_dsn), relays=relays,
+    )  # fmt: skip
+    assert wait_until(lambda: db.settled(40), timeout=60), relay.tail()
+    rows = db.rows()
+    assert {r["status"] for r in rows} == {"done"}, [r["last_error"] for r in rows if r["status"] != "done"]
+    assert max(r["attempts"] for r in rows) == 1
+    assert len({r["idempotency_key"] for r in receiver.requests()}) == 40
+    assert any("not sent to" in (r["last_error"] or "") for r in rows) or "not sent" in relay.tail(), (
+        "nothing was held back: the test did not reach the limit"
+    )
+
+
 @pytest.mark.parametrize("kind", ["locked", "unlocked"])
 def test_every_committed_event_reaches_the_receiver_once_in_order_with_relays_killed(
     kind: str, pg_dsn: str, producer_dsn: str, relay_dsn: str, db: Db, receivers: Callable[..., Receiver],

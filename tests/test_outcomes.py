@@ -9,6 +9,7 @@ import pytest
 from relay import BrokerUnavailable, Defer, PermanentError, RetryableError
 from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.backoff import Backoff
+from relay.errors import NotSent
 from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.helpers import make_worker
@@ -59,6 +60,22 @@ async def test_defer_past_the_age_ceiling_goes_dead(store: OutboxStore, db: Db) 
     row = db.row(oid)
     assert row["status"] == "dead"
     assert "defer_max_age" in row["last_error"]
+
+
+async def test_held_back_by_the_adapters_own_limit_never_goes_dead_for_its_age(store: OutboxStore, db: Db) -> None:
+    """NotSent (a rate or a connection limit of the adapter's own): the attempt refunded,
+    like a Defer, and no age ceiling: a backlog behind a rate limit must not die unsent."""
+    [oid] = db.insert([("a", "Ping", {})])
+    worker, _ = make_worker(
+        store,
+        lambda m: NotSent(timedelta(seconds=1), "not sent: --http-rate gave no turn early enough"),
+        defer_max_age=timedelta(seconds=0),
+    )
+    for _ in range(3):
+        await worker.run_once()
+        row = db.row(oid)
+        assert (row["status"], row["attempts"]) == ("pending", 0)
+        db.make_available()
 
 
 async def test_retryable_backs_off_within_full_jitter_bounds_then_dies(store: OutboxStore, db: Db) -> None:

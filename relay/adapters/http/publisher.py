@@ -9,6 +9,7 @@ import socket
 import ssl
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -17,9 +18,9 @@ from relay.adapters.header_text import header_value
 from relay.adapters.http.classify import BODY_SHOWN_BYTES, classify_status
 from relay.adapters.http.settings import RESERVED_HEADERS, HttpSettings
 from relay.adapters.http.signing import signature
-from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
+from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome, publish_deadline
 from relay.dsn import mask
-from relay.errors import BrokerUnavailable, ConfigError, RetryableError, first_line
+from relay.errors import BrokerUnavailable, ConfigError, NotSent, RetryableError, first_line
 from relay.message import OutboxMessage
 
 log = logging.getLogger("relay.adapters.http")
@@ -39,6 +40,9 @@ FIELD_HEADERS = {
 }
 # An answer bigger than this is not read to its end: its connection is closed instead.
 _DRAIN_MAX_BYTES = 1 << 20
+# How soon a message held back by the concurrency limit is claimed again (one held back by
+# the rate waits for the next free turn, at least this).
+NOT_SENT_DELAY_S = 0.2
 
 
 async def _drain(response: aiohttp.ClientResponse) -> bytes:
@@ -64,14 +68,23 @@ class RateLimit:
         self.interval = 1.0 / rate if rate > 0 else 0.0
         self._next = 0.0
 
-    async def wait(self) -> None:
+    async def wait(self, latest: float | None = None) -> bool:
+        """Wait for this request's turn; False at once, reserving nothing, when it would
+        have to wait past ``latest`` (the loop's time)."""
         if not self.interval:
-            return
-        now = time.monotonic()
+            return True
+        now = asyncio.get_running_loop().time()
         slot = max(now, self._next)
+        if slot > now and latest is not None and slot > latest:
+            return False
         self._next = slot + self.interval
         if slot > now:
             await asyncio.sleep(slot - now)
+        return True
+
+    def next_turn_in(self) -> float:
+        """Seconds until the next free turn (0: one is free now)."""
+        return max(0.0, self._next - asyncio.get_running_loop().time()) if self.interval else 0.0
 
 
 class HttpPublisher:
@@ -143,8 +156,20 @@ class HttpPublisher:
         if session is None:
             return BrokerUnavailable("the HTTP publisher is not started")
         s = self.settings
-        async with self._slots:
-            await self._rate.wait()
+        # A request that must wait for a connection slot or a rate turn waits only while it
+        # could still be answered within its own timeout before the publish deadline; past
+        # that it is handed back unsent (NotSent: attempt refunded), instead of being cut by
+        # the deadline and charged an attempt it never used. One that need not wait goes.
+        deadline = publish_deadline()
+        latest = None if deadline is None else deadline - s.timeout.total_seconds()
+        try:
+            async with asyncio.timeout_at(latest if self._slots.locked() else None):
+                await self._slots.acquire()
+        except TimeoutError:
+            return self._not_sent("every --http-concurrency connection stayed busy too long")
+        try:
+            if not await self._rate.wait(latest):
+                return self._not_sent("--http-rate gave no turn early enough")
             try:
                 async with session.request(
                     s.method,
@@ -176,6 +201,15 @@ class HttpPublisher:
                 return RetryableError(f"{self._where}: {type(exc).__name__}: {mask(first_line(exc))}")
             except aiohttp.ClientError as exc:  # closed mid-answer, a malformed answer
                 return RetryableError(f"{self._where}: {type(exc).__name__}: {mask(first_line(exc))}")
+        finally:
+            self._slots.release()
+
+    def _not_sent(self, why: str) -> NotSent:
+        wait = max(self._rate.next_turn_in(), NOT_SENT_DELAY_S)
+        return NotSent(
+            timedelta(seconds=wait),
+            f"not sent to {self._where}: {why} for an answer within the publish timeout",
+        )
 
     async def _refuses_tls_client(self) -> bool:
         """Whether an https destination ends a bare request's connection before answering
