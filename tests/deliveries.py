@@ -38,7 +38,7 @@ class Delivery:
     outbox_id: int
     aggregate_id: str
     event_type: str
-    lease_version: int
+    lease_version: int | None  # None where the broker's message no longer carries it (SQS, SNS since 0015)
     aggregate_seq: int | None
     received_at: float = 0.0  # time.monotonic() when the consumer got it
 
