@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TAG = "localhost/outbox-relay:test"
 UID = 10001
 EVENTS = 500
+MORE = 20_000  # written while it runs; SIGTERM comes while they are being delivered
 GRACE_S = 5
 ENV = {**os.environ, "STORAGE_DRIVER": os.environ.get("STORAGE_DRIVER", "vfs")}
 
@@ -188,6 +189,37 @@ class InImage:
         assert ready[0] == 200, ready
         return delivered_s
 
+    def write_more_and_wait_for_some(self, rows: int) -> int:
+        """``rows`` more events; returns once the relay is delivering them (some done, not all)."""
+        table = sql.Identifier(self.schema, "outbox")
+        with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+                    " SELECT 'order', 'order-' || (g %% 50), 'OrderPaid', jsonb_build_object('n', g)"
+                    " FROM generate_series(1, %s) AS g"
+                ).format(table),
+                (rows,),
+            )
+            query = sql.SQL("SELECT count(*) FILTER (WHERE status = 'done') FROM {}").format(table)
+            deadline = time.monotonic() + 30
+            while True:
+                [(done,)] = conn.execute(query).fetchall()
+                if done > EVENTS:
+                    return int(done)
+                assert time.monotonic() < deadline, "the second batch of events did not start moving"
+                time.sleep(0.01)
+
+    def statuses(self) -> dict[tuple[str, int], int]:
+        """(status, attempts) -> rows."""
+        with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
+            found = conn.execute(
+                sql.SQL("SELECT status, attempts, count(*) FROM {} GROUP BY 1, 2").format(
+                    sql.Identifier(self.schema, "outbox")
+                )
+            ).fetchall()
+        return {(status, attempts): n for status, attempts, n in found}
+
     def pid(self) -> int:
         pid = _relay_pid(self.port)
         assert pid is not None, "the relay process was not found"
@@ -224,12 +256,22 @@ async def test_in_the_image_migrate_start_probes_deliver_and_sigterm_drains(
         assert _uid(run.pid()) == UID
         received = await rabbit.drain(queue, expected=EVENTS, timeout=20)
         assert len(received) == EVENTS
+        # SIGTERM while it delivers a second, larger batch: it drains within the grace.
+        done_at_term = await asyncio.to_thread(run.write_more_and_wait_for_some, MORE)
         code, stopped_s, log = await asyncio.to_thread(run.sigterm)
+        after = await asyncio.to_thread(run.statuses)
     finally:
         await asyncio.to_thread(run.close)
     assert code == 0, log
     assert stopped_s < GRACE_S + 2
+    # What it had confirmed is done (one attempt each); the rest went back unspent.
+    assert {status for status, _ in after} <= {"done", "pending"}, after
+    assert all(attempts == 1 for status, attempts in after if status == "done"), after
+    assert all(attempts == 0 for status, attempts in after if status == "pending"), after
+    assert sum(after.values()) == EVENTS + MORE
+    pending = sum(n for (status, _), n in after.items() if status == "pending")
     print(
         f"\nin the image: {EVENTS} events delivered {delivered_s:.2f} s after `relay start` began"
-        f" (start-up included), exit 0 {stopped_s:.2f} s after SIGTERM"
+        f" (start-up included); SIGTERM with {done_at_term - EVENTS} of {MORE} more delivered:"
+        f" exit 0 after {stopped_s:.2f} s, {pending} handed back pending with no attempt spent"
     )
