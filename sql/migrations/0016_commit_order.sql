@@ -20,3 +20,7 @@ ALTER TABLE {q_settings} ADD CONSTRAINT {n_settings_commit_order_check}
 -- warning naming the aggregate (its number was given by id, not by commit order). NULL
 -- until the ingest numbers a row of the aggregate after this migration.
 ALTER TABLE {q_heads} ADD COLUMN last_id bigint;
+
+-- For later migrations: under 'id' the stamp trigger is disabled and <table>_fresh_idx is
+-- on (id). A migration that recreates either must read <table>_settings.commit_order and
+-- leave them as that mode has them.
