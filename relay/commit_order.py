@@ -97,9 +97,9 @@ async def switch(conn: psycopg.AsyncConnection[Any], names: OutboxNames, old: Co
             cur = await conn.execute(statements[old], {"transactions": 5000})
             row = await cur.fetchone()
             assert row is not None
-            if not row[0]:
-                break
             numbered += int(row[1])
+            if not row[0] or not row[1]:  # nothing left (or nothing it could number: no loop)
+                break
         await conn.execute(statements["plans_reset"])
         trigger = sql.Identifier(f"{names.table}_stamp")
         columns = sql.SQL("id") if new == "id" else sql.SQL("xid, id")
