@@ -37,11 +37,13 @@ from relay.sqlnames import OutboxNames
 log = logging.getLogger("relay.commit_order")
 
 CommitOrder = Literal["stamp", "id"]
-MODES: tuple[CommitOrder, ...] = ("stamp", "id")
 
 # How long a switch waits for the producers' transactions in flight (and the relays'
 # claims) to release the outbox before it gives up, changing nothing.
 LOCK_TIMEOUT = timedelta(seconds=30)
+# Committed transactions one turn of the switch's numbering takes (relay.store's
+# INGEST_TRANSACTIONS; the switch repeats turns until nothing is left).
+TURN_TRANSACTIONS = 5000
 
 # The two places where the ingest orders rows that carry no stamp: the turn's rows taken
 # from the fresh index, and each aggregate's rows ranked for numbering. By transaction,
@@ -94,7 +96,7 @@ async def switch(conn: psycopg.AsyncConnection[Any], names: OutboxNames, old: Co
         numbered = 0
         await conn.execute(statements["plans"])
         while True:
-            cur = await conn.execute(statements[old], {"transactions": 5000})
+            cur = await conn.execute(statements[old], {"transactions": TURN_TRANSACTIONS})
             row = await cur.fetchone()
             assert row is not None
             numbered += int(row[1])
