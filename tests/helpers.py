@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from datetime import timedelta
 from typing import Any
 
@@ -146,3 +148,15 @@ def sqlalchemy_url(dsn: str, *, driver: str = "psycopg") -> str:
 
     d = conninfo_to_dict(dsn)
     return f"postgresql+{driver}://{d['user']}@{d.get('host', '127.0.0.1')}:{d.get('port', 5432)}/{d['dbname']}"
+
+
+def http_get(url: str, timeout: float = 5) -> tuple[int, str]:
+    """Status and body of a GET (an error status included); (0, reason) while nothing
+    listens yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)

@@ -16,16 +16,16 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from tests.helpers import http_get
 from tests.metric_names import free_port
 from tests.rabbitmq_broker import Rabbit
 
@@ -99,14 +99,6 @@ def test_the_image_runs_relay_as_a_non_root_user_with_no_build_tools(image: str,
     assert write.returncode != 0
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def _relay_pid(port: int) -> int | None:
     """The relay process inside the container (not buildah, whose arguments name it too)."""
     for entry in Path("/proc").iterdir():
@@ -137,6 +129,22 @@ class InImage:
         self.port = free_port()
         self.relay: subprocess.Popen[str] | None = None
 
+    def _write(self, conn: psycopg.Connection[Any], rows: int) -> None:
+        """``rows`` OrderPaid events over 50 aggregates."""
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+                " SELECT 'order', 'order-' || (g %% 50), 'OrderPaid', jsonb_build_object('n', g)"
+                " FROM generate_series(1, %s) AS g"
+            ).format(sql.Identifier(self.schema, "outbox")),
+            (rows,),
+        )
+
+    def _done(self, conn: psycopg.Connection[Any]) -> int:
+        query = sql.SQL("SELECT count(*) FROM {} WHERE status = 'done'").format(sql.Identifier(self.schema, "outbox"))
+        [(done,)] = conn.execute(query).fetchall()
+        return int(done)
+
     def migrate_and_write(self) -> None:
         migrate = subprocess.run(
             run_in(self.container, "relay", "migrate", env=self.env),
@@ -147,14 +155,7 @@ class InImage:
         )
         assert migrate.returncode == 0, migrate.stderr
         with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
-                    " SELECT 'order', 'order-' || (g %% 50), 'OrderPaid', jsonb_build_object('n', g)"
-                    " FROM generate_series(1, %s) AS g"
-                ).format(sql.Identifier(self.schema, "outbox")),
-                (EVENTS,),
-            )
+            self._write(conn, EVENTS)
 
     def start_until_delivered(self, exchange: str) -> float:
         """Seconds from `relay start` to every row done; the probes answer 200 then."""
@@ -171,40 +172,28 @@ class InImage:
             stderr=subprocess.PIPE,
             text=True,
         )
-        done_query = sql.SQL("SELECT count(*) FILTER (WHERE status = 'done') FROM {}").format(
-            sql.Identifier(self.schema, "outbox")
-        )
         deadline = time.monotonic() + 60
         with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
             while True:
-                [(done,)] = conn.execute(done_query).fetchall()
+                done = self._done(conn)
                 if done == EVENTS:
                     break
                 assert self.relay.poll() is None, self.relay.communicate()
                 assert time.monotonic() < deadline, f"{done} of {EVENTS} delivered in 60 s"
                 time.sleep(0.05)
         delivered_s = time.monotonic() - started
-        assert _get(f"http://127.0.0.1:{self.port}/healthz")[0] == 200
-        ready = _get(f"http://127.0.0.1:{self.port}/readyz")
+        assert http_get(f"http://127.0.0.1:{self.port}/healthz", timeout=2)[0] == 200
+        ready = http_get(f"http://127.0.0.1:{self.port}/readyz", timeout=2)
         assert ready[0] == 200, ready
         return delivered_s
 
     def write_more_and_wait_for_some(self, rows: int) -> int:
         """``rows`` more events; returns once the relay is delivering them (some done, not all)."""
-        table = sql.Identifier(self.schema, "outbox")
         with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
-                    " SELECT 'order', 'order-' || (g %% 50), 'OrderPaid', jsonb_build_object('n', g)"
-                    " FROM generate_series(1, %s) AS g"
-                ).format(table),
-                (rows,),
-            )
-            query = sql.SQL("SELECT count(*) FILTER (WHERE status = 'done') FROM {}").format(table)
+            self._write(conn, rows)
             deadline = time.monotonic() + 30
             while True:
-                [(done,)] = conn.execute(query).fetchall()
+                done = self._done(conn)
                 if done > EVENTS:
                     return int(done)
                 assert time.monotonic() < deadline, "the second batch of events did not start moving"

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import re
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from relay.options import resolve
 from relay.sqlnames import OutboxNames
 from relay.wiring import START_ALL
 from relay.worker import lease_margin
+from tests.helpers import http_get
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "kubernetes"
@@ -161,19 +160,11 @@ async def test_the_relays_probe_paths_are_served() -> None:
         [container] = pod_spec(deployment)["containers"]
         paths = [container[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")]
         paths.append(deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"])
-        codes = await asyncio.gather(*(asyncio.to_thread(_status, f"http://127.0.0.1:{port}{p}") for p in paths))
+        codes = await asyncio.gather(*(asyncio.to_thread(http_get, f"http://127.0.0.1:{port}{p}") for p in paths))
     finally:
         server.close()
         await server.wait_closed()
-    assert codes == [200, 503, 200]
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return int(answer.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
+    assert [code for code, _body in codes] == [200, 503, 200]
 
 
 def test_the_migration_job_runs_relay_migrate_as_the_owner() -> None:

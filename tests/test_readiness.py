@@ -11,8 +11,6 @@ import contextlib
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
+from tests.helpers import http_get
 from tests.producers import Arrival, CommitLog, order_violations, producers_both_ways
 from tests.rabbitmq_broker import Rabbit, relay_args, unique
 from tests.relay_process import RelayProcess, wait_until_async
@@ -32,19 +31,8 @@ def free_port() -> int:
         return port
 
 
-def get(url: str) -> tuple[int, str]:
-    """Status and body of a GET; (0, reason) while nothing listens yet."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:
-        return 0, str(exc)
-
-
 async def readyz(port: int) -> tuple[int, str]:
-    return await asyncio.to_thread(get, f"http://127.0.0.1:{port}/readyz")
+    return await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
 
 
 async def wait_for_readyz(port: int, status: int, process: RelayProcess, timeout: float) -> tuple[str, float]:
@@ -150,7 +138,7 @@ async def test_unroutable_messages_wait_unspent_in_order_and_flow_once_a_queue_i
     assert body.startswith("not ready: unroutable: exchange '' (the default exchange) at amqp://guest@") and (
         f"routing key '{held_type}' reach no queue; their messages wait" in body
     ), body
-    metrics = (await asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics"))[1]
+    metrics = (await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics"))[1]
     assert "outbox_relay_unroutable_routing_keys 1.0" in metrics
     await asyncio.sleep(1)  # more probe rounds
     now = rows()

@@ -6,8 +6,6 @@ import asyncio
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from relay.adapters.sqs.publisher import SqsPublisher
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
 from tests.conftest import Db
+from tests.helpers import http_get
 from tests.producers import (
     ORDERING,
     ORDERING_FLAGS,
@@ -35,14 +34,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def http_get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def as_message(row: dict[str, Any]) -> OutboxMessage:
