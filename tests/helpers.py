@@ -13,11 +13,13 @@ from psycopg import sql
 
 from relay.adapters.memory import InMemoryPublisher, Script
 from relay.backoff import Backoff
+from relay.commit_order import CommitOrder
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.contract import PublishLimits
 from relay.decide import Policy
 from relay.message import OutboxMessage
 from relay.options import resolve
+from relay.shared_settings import SettingsUpdate, update_settings
 from relay.sqlfiles import migrations, named_queries
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
@@ -160,3 +162,9 @@ def http_get(url: str, timeout: float = 5) -> tuple[int, str]:
         return exc.code, exc.read().decode()
     except OSError as exc:
         return 0, str(exc)
+
+
+async def set_commit_order(owner_dsn: str, names: OutboxNames, mode: CommitOrder) -> None:
+    """`relay settings set --commit-order MODE` for ``names``, as the table's owner."""
+    async with await psycopg.AsyncConnection.connect(owner_dsn, autocommit=True) as conn:
+        await update_settings(conn, names, SettingsUpdate(commit_order=mode))

@@ -31,11 +31,12 @@ from relay.migrate import migrate
 from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
-from relay.shared_settings import SettingsUpdate, read_settings, store_ordering, update_settings
+from relay.shared_settings import read_settings, store_ordering
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
 from tests.conftest import Db, Roles
+from tests.helpers import set_commit_order
 from tests.producers import (
     CommitLog,
     LockedProducers,
@@ -120,12 +121,6 @@ def aggregates(pg_dsn: str, producer_dsn: str, names: OutboxNames) -> list[str]:
     found = [f"order-{i}" for i in range(12)]
     create_producer_tables(pg_dsn, names, found, producer_dsn=producer_dsn)
     return found
-
-
-async def set_commit_order(pg_dsn: str, names: OutboxNames, mode: CommitOrder) -> None:
-    """`relay settings set --commit-order MODE`, as the table's owner."""
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        await update_settings(conn, names, SettingsUpdate(commit_order=mode))
 
 
 @pytest.mark.parametrize(

@@ -43,11 +43,10 @@ import pytest
 from psycopg import sql
 
 from relay.commit_order import CommitOrder
-from relay.shared_settings import SettingsUpdate, update_settings
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.deliveries import ORDERED, Delivery, QueueReader, check_deliveries, read_queue, store_fleet_ordering
-from tests.helpers import terminate_relay_sessions
+from tests.helpers import set_commit_order, terminate_relay_sessions
 from tests.lease_audit import install_lease_audit, lease_audit_problems
 from tests.pg_clusters import ClusterPair, SilentPair
 from tests.producers import (
@@ -235,8 +234,7 @@ async def test_crashes_killed_sessions_with_locking_and_unlocked_producers(
     exchange = await rabbit.exchange("direct")
     queue = await rabbit.queue(bind=(exchange, "outbox"))
     fleet: Fleet = fleet_factory(names, exchange)
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        await update_settings(conn, names, SettingsUpdate(commit_order=commit_order))
+    await set_commit_order(pg_dsn, names, commit_order)
     for _ in range(3):
         fleet.start()
 
