@@ -28,6 +28,7 @@ from relay.db import open_pool
 from relay.grants import Grantee, grant
 from relay.message import Decision, OutboxMessage
 from relay.migrate import migrate
+from relay.ops import deadletters
 from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
@@ -275,6 +276,33 @@ async def test_switching_commit_order_numbers_what_committed_by_the_old_rule_fir
         assert (await read_settings(conn, names)).commit_order == "stamp"
     delivered = await deliver(store)
     assert [(m.id, m.aggregate_seq) for m in delivered] == [(high, 1), (low, 2), (after, 3)]
+
+
+async def test_switching_commit_order_leaves_blocked_skipped_and_leased_rows_as_they_are(
+    store: OutboxStore, db: Db, pg_dsn: str, names: OutboxNames
+) -> None:
+    """What a switch does to rows already past numbering: an aggregate blocked by a dead
+    head stays blocked, a skipped row stays skipped (and is not sent), a row in flight
+    keeps its lease and its holder's finalize still lands."""
+    blocked_head, behind = db.insert([("blocked", "E", {}), ("blocked", "E", {})])
+    skipped, after_skip = db.insert([("skipped", "E", {}), ("skipped", "E", {})])
+    [in_flight] = db.insert([("leased", "E", {})])
+    claim = await store.claim(owner="holder", batch=10, lease=LEASE, max_attempts=3)
+    held = {m.id: m for m in claim.messages}
+    assert set(held) == {blocked_head, skipped, in_flight}
+    # Both heads fail for good; an operator skips one (`relay dead skip`).
+    await store.finalize([Decision.dead(held[i], "PermanentError: refused") for i in (blocked_head, skipped)])
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await deadletters.skip(conn, names, [skipped], by="test", reason="not needed")
+    await set_commit_order(pg_dsn, names, "id")
+    await set_commit_order(pg_dsn, names, "stamp")
+    assert db.row(in_flight)["status"] == "processing"
+    assert await store.finalize([Decision.published(held[in_flight])]) == set()
+    delivered = await deliver(store)
+    assert [m.id for m in delivered] == [after_skip]  # nothing behind the dead head, nothing skipped again
+    assert (db.row(blocked_head)["status"], db.row(behind)["status"]) == ("dead", "pending")
+    assert db.row(skipped)["resolution"] == "skipped"
+    assert [db.row(i)["aggregate_seq"] for i in (blocked_head, behind, skipped, after_skip)] == [1, 2, 1, 2]
 
 
 async def test_commits_that_become_visible_together_go_in_commit_order(
