@@ -162,3 +162,17 @@ def test_source_of_is_the_precedence_resolve_and_the_shared_settings_check_use()
     assert source_of(workers, {}, file, {"RELAY_WORKERS": ""}) == Given("config workers", 3)  # empty: not set
     assert source_of(ordered, {"ordered": ()}, file, {}) == Given("config [ordering] ordered", ["Order*"])
     assert source_of(workers, {}, {}, {}) is None  # the default applies
+
+
+def test_the_grant_settings_are_read_from_the_config_file(tmp_path: Path) -> None:
+    # `relay migrate --config` and `relay grants --config` refused grant_producer as an
+    # unknown key, although both commands declare it and read its variable.
+    from relay.cli.common import settings_for
+    from relay.cli.grants import GRANTS_OPTIONS
+
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        'dsn = "postgresql://app@db/app"\ngrant_producer = ["orders_app"]\ngrant_relay = ["outbox_relay"]\n'
+    )
+    values = settings_for(GRANTS_OPTIONS, {"config_path": str(config)})
+    assert values["grant_producer"] == ("orders_app",) and values["grant_relay"] == ("outbox_relay",)

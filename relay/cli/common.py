@@ -19,6 +19,7 @@ import psycopg
 from relay import logs
 from relay.config import (
     CORE_OPTIONS,
+    GRANT_OPTIONS,
     LOG_OPTIONS,
     OPERATE_OPTIONS,
     START_OPTIONS,
@@ -35,7 +36,16 @@ from relay.routes import ROUTES_OPTION
 from relay.sqlnames import OutboxNames
 from relay.wiring import BROKER_OPTIONS, publisher_for
 
-ALL_OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, ROUTES_OPTION, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
+# Every declared setting: the keys a config file may hold, whichever command reads it.
+ALL_OPTIONS = (
+    *CORE_OPTIONS,
+    *START_OPTIONS,
+    ROUTES_OPTION,
+    *OPERATE_OPTIONS,
+    *GRANT_OPTIONS,
+    *LOG_OPTIONS,
+    *BROKER_OPTIONS,
+)
 # The operator commands take --dsn, --schema, --table, --config, --log-level and
 # --log-format the way `relay migrate` does.
 OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)
