@@ -52,6 +52,16 @@ DEMO_DATABASE ?= outbox_relay_demo
 demo: venv
 	$(BIN)/python scripts/demo.py --dsn '$(RUN_DSN)' --database '$(DEMO_DATABASE)'
 
+# The manual (mkdocs.yml, docs/) built into site/, strictly: a broken link or a page left
+# out of the navigation fails it. make test builds it too (tests/test_docs_site.py).
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# docs/reference/ rewritten from the code: the options, the metrics and the Python API.
+# make test fails while a page there is stale (tests/test_docs_reference.py).
+docs-reference: venv
+	$(BIN)/python scripts/docs_reference.py
+
 # The Python API's examples (examples/README.md), each in a database of its own.
 example-producer: venv
 	$(BIN)/uvicorn examples.producer:app --port 8000

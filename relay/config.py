@@ -64,7 +64,7 @@ START_OPTIONS: tuple[Option, ...] = (
         "broker",
         "choice",
         None,
-        "Where to deliver: sqs, sns, rabbitmq, or log (JSON lines on stdout).",
+        "Where to deliver: a broker, an HTTP API (http), or log (JSON lines on stdout).",
         choices=BROKERS,
     ),
     Option("workers", "int", 4, "Dispatch loops in this process.", minimum=1, maximum=256),
@@ -92,7 +92,7 @@ START_OPTIONS: tuple[Option, ...] = (
         "publish_timeout",
         "duration",
         "20s",
-        "Deadline for one batch's publish; must end well inside the lease.",
+        "Deadline for one batch's publish; must end inside the lease with a margin of 10% (at most 2s).",
         # No broker confirms a batch in under 10 ms: a shorter deadline fails every publish.
         minimum=10 * MS,
         maximum=DAY,
