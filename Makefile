@@ -27,7 +27,7 @@ RUN_DSN ?= postgresql://postgres@127.0.0.1:5432/test
 RUN_BROKER ?= log
 
 PHONY_EXAMPLES := example-producer example-consumer
-.PHONY: $(PHONY_EXAMPLES) venv bytecode run test test-all image wheels image-test test-faults lint format demo bench bench-rabbitmq bench-sqs bench-console soak console-screenshots clean
+.PHONY: $(PHONY_EXAMPLES) venv bytecode docs docs-reference run test test-all image wheels image-test test-faults lint format demo bench bench-rabbitmq bench-sqs bench-console soak console-screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -165,4 +165,4 @@ format: venv
 	$(BIN)/ruff format relay tests scripts examples
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis
