@@ -74,7 +74,7 @@ class Option:
 
     @property
     def bounds(self) -> str | None:
-        """The documented range, as --help and the README show it: ``1s..1d``, ``>= 10ms``."""
+        """The documented range, as --help and docs/reference/cli.md show it: ``1s..1d``, ``>= 10ms``."""
         fmt = _format_bound if self.kind == "duration" else _format_number
         if self.minimum is not None and self.maximum is not None:
             return f"{fmt(self.minimum)}..{fmt(self.maximum)}"

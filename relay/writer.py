@@ -15,7 +15,7 @@ type is ordered); ``add_async``/``add_many_async`` are the same for asyncio conn
 Each refuses a connection outside a transaction (:class:`relay.NotInTransaction`) and
 returns the events' ids.
 
-Payloads become JSON (:func:`to_json`). Headers are the producer headers of the README
+Payloads become JSON (:func:`to_json`). Headers are the producer headers of docs/concepts/producers.md
 ("Producer headers"): names and values are checked when written, as the relay checks them
 when it claims, so a mistake fails in the producer, not later as a dead message. When
 OpenTelemetry is installed and a span is current, its W3C trace context (``traceparent``,

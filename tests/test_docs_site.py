@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
+
+from relay.cli.main import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -21,6 +26,12 @@ README_MAX_LINES = 250
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 # A table row whose first cell is a flag, an environment variable of the relay's or a
 # metric: the start of a table that repeats the option declarations or relay/metrics.py.
+# A code block, and what in one of its lines is a synopsis rather than a command
+# (`relay status [--json]`, `relay start ...`, `retry|skip`, `<schema>`).
+# In other blocks (sample sessions), a line that starts with the prompt `$ ` is a command.
+CODE_BLOCK = re.compile(r"```(\w*)\n(.*?)```", re.S)
+SHELLS = {"sh", "bash", "shell"}
+SYNOPSIS = re.compile(r"\[|\.\.\.|\||<")
 HAND_WRITTEN_ROW = re.compile(r"^\|\s*(?:`--[a-z]|`?RELAY_[A-Z]|`?outbox_relay_[a-z]|\(no flag\))")
 
 
@@ -75,3 +86,57 @@ def test_the_table_check_can_fail() -> None:
     assert HAND_WRITTEN_ROW.match("| `outbox_relay_lost_leases_total` | counter | ... |")
     assert HAND_WRITTEN_ROW.match("| (no flag) | `RELAY_WEBHOOK_SECRET` | none | ... |")
     assert not HAND_WRITTEN_ROW.match("| `relay prune --older-than` | deleted once `done_at` is older |")
+
+
+def relay_command_lines() -> Iterator[tuple[str, str]]:
+    """Every ``relay ...`` command in the code blocks of the README and the docs, as (page,
+    command): continuation lines joined, comments, ``VAR=value`` prefixes, redirections and
+    ``;``-separated neighbours taken apart; synopses left out."""
+    for page in hand_written_pages():
+        for lang, block in CODE_BLOCK.findall(page.read_text()):
+            lines = block.replace("\\\n", " ").splitlines()
+            if lang not in SHELLS:
+                lines = [line[2:] for line in lines if line.startswith("$ ")]
+            for line in lines:
+                for command in re.split(r";|&&", line.split(" #", 1)[0]):
+                    command = command.split(" >", 1)[0].strip()
+                    words = command.split()
+                    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+                        words.pop(0)
+                    if words[:1] == ["relay"] and not SYNOPSIS.search(command):
+                        yield str(page.relative_to(ROOT)), " ".join(words)
+
+
+def parse_command(command: str) -> None:
+    """Parse ``command`` as `relay` would, down to its subcommand, running nothing: an
+    unknown command or option, a missing value or a bad choice raises a click error."""
+    args = shlex.split(command)[1:]
+    command_obj: click.Command = cli
+    ctx = cli.make_context("relay", args)
+    while isinstance(command_obj, click.Group):
+        rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+        if not rest:
+            return
+        name, sub, sub_args = command_obj.resolve_command(ctx, rest)
+        assert sub is not None and name is not None
+        command_obj, ctx = sub, sub.make_context(name, sub_args, parent=ctx)
+
+
+def test_every_relay_command_in_the_docs_parses() -> None:
+    commands = list(relay_command_lines())
+    assert len(commands) >= 20, commands  # the pages hold more: the search must find them
+    failures = []
+    for page, command in commands:
+        try:
+            parse_command(command)
+        except click.ClickException as exc:
+            failures.append(f"{page}: {command}: {exc.format_message()}")
+    assert not failures, "\n".join(failures)
+
+
+def test_the_command_check_can_fail() -> None:
+    with pytest.raises(click.ClickException):
+        parse_command("relay start --broker sqs --queue-urll https://example.com/q")
+    with pytest.raises(click.ClickException):
+        parse_command("relay dead frobnicate 1")
+    parse_command("relay dead list --limit 5")

@@ -87,7 +87,7 @@ def show_cmd(as_json: bool, **cli_values: Any) -> None:
     type=click.Choice(["stamp", "id"]),
     default=None,
     help="How commit order is learned: 'stamp' (any producer; the default) or 'id' (every producer locks the"
-    " aggregate before inserting: cheaper inserts). Run as the table's owner; see README, Ordering.",
+    " aggregate before inserting: cheaper inserts). Run as the table's owner; see docs/concepts/ordering.md.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def set_cmd(
