@@ -151,7 +151,7 @@ class Outbox:
     :param trace_context: add the current OpenTelemetry span's ``traceparent`` and
         ``tracestate`` to each event's headers (a header the event sets itself wins).
 
-    The producer role needs only what ``relay grants --producer`` gives: INSERT on the
+    The producer role needs only what ``relay grants --grant-producer`` gives: INSERT on the
     producer columns. Nothing is read back.
     """
 
