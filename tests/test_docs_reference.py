@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import click
+import markdown  # MkDocs's own renderer (a dev dependency through mkdocs)
 import pytest
 from prometheus_client import Counter, generate_latest
 
@@ -175,7 +176,6 @@ def test_a_new_public_name_changes_the_python_api_page() -> None:
 
 
 def test_table_cells_keep_their_pipes() -> None:
-    markdown = pytest.importorskip("markdown")
     row = (ref.inline("a|b and `c|d` and ``e|f``", table=True), ref.code("[x|y]", table=True))
     html = markdown.markdown("\n".join(ref.table(("One", "Two"), [row])), extensions=["tables"])
     cells = re.findall(r"<td>(.*?)</td>", html)
