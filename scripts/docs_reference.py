@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import functools
 import html
-import importlib
 import inspect
 import os
 import re
@@ -40,10 +39,10 @@ from prometheus_client import Histogram
 
 import relay
 import relay.metrics
+from relay.adapters.registry import options_by_broker
 from relay.cli.common import ALL_OPTIONS, AsciiInt
 from relay.cli.main import cli
 from relay.config import CORE_OPTIONS, GRANT_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS
-from relay.contract import BROKERS
 from relay.durations import MAX_DURATION, format_bound, parse_duration
 from relay.metrics import RelayMetrics
 from relay.options import MAX_CONFIG_BYTES, MAX_CONFIG_NESTING, Option, SizeOption
@@ -282,9 +281,6 @@ class OptionGroup:
     options: tuple[Option, ...]
     # Options declared in an earlier group that this broker takes too (the AWS region).
     shared: tuple[Option, ...] = ()
-    # False when the config file's key check does not know these keys, which it takes
-    # from relay.cli.common.ALL_OPTIONS: a file that sets one is refused.
-    in_file: bool = True
     # The broker whose adapter declares them; a command's section lists these by broker
     # rather than row by row (relay start and relay replay take all six brokers' options).
     broker: str | None = None
@@ -305,7 +301,6 @@ def settings_groups() -> tuple[OptionGroup, ...]:
     """Every option the code declares, in the groups the Settings section shows. Raises
     when an option is declared that no group places, so a new declaration is documented
     (or this function taught where it belongs) before the pages can be written."""
-    known = {o.dest for o in ALL_OPTIONS}
     groups = [
         OptionGroup("settings-core", "The outbox", "Where the outbox is.", CORE_OPTIONS),
         OptionGroup(
@@ -329,7 +324,6 @@ def settings_groups() -> tuple[OptionGroup, ...]:
             "Grants",
             "Roles `relay migrate` grants to, and `relay grants` prints the statements for.",
             GRANT_OPTIONS,
-            in_file=all(o.dest in known for o in GRANT_OPTIONS),
         ),
         *_broker_groups(),
     ]
@@ -339,9 +333,7 @@ def settings_groups() -> tuple[OptionGroup, ...]:
 
 def _broker_groups() -> Iterator[OptionGroup]:
     placed: set[str] = set()
-    for broker in BROKERS:
-        module = importlib.import_module(f"relay.adapters.{broker}")
-        options: tuple[Option, ...] = tuple(getattr(module, "OPTIONS", ()))
+    for broker, options in options_by_broker().items():
         if not options:
             continue
         title = BROKER_TITLES.get(broker, broker)
@@ -656,13 +648,8 @@ def _settings_section(groups: Sequence[OptionGroup], commands: Sequence[CommandD
         if g.shared:
             shared = ", ".join(f"[{code(o.flag)}](#{anchor(o)})" for o in g.shared)
             lines[-1] += f" Also reads {shared}, listed above."
-        if not g.in_file:
-            lines[-1] += (
-                " The config file's key check (`relay.cli.common.ALL_OPTIONS`) does not know these"
-                " keys, so a file that sets one is refused: give them as flags or variables."
-            )
         header = ("Flag", "Environment", "TOML key", "Type", "Default", "Bounds", "Description")
-        lines += ["", *table(header, (_setting_row(o, g) for o in g.options)), ""]
+        lines += ["", *table(header, (_setting_row(o) for o in g.options)), ""]
     return lines
 
 
@@ -689,7 +676,7 @@ def _takers_text(g: OptionGroup, commands: Sequence[CommandDoc]) -> str:
     return "; ".join(parts)
 
 
-def _setting_row(o: Option, g: OptionGroup) -> tuple[str, ...]:
+def _setting_row(o: Option) -> tuple[str, ...]:
     target = f'<a id="{anchor(o)}"></a>'
     if o.env_only:
         flag = f"{DASH} (environment and file only)"
@@ -698,8 +685,6 @@ def _setting_row(o: Option, g: OptionGroup) -> tuple[str, ...]:
     else:
         flag = code(o.flag)
     where = " or ".join(code(f"[{s}] {o.toml_key}" if s else o.toml_key) for s in (o.section, *o.also_in))
-    if not g.in_file:
-        where += " (refused, see above)"
     return (
         target + flag,
         code(o.env),

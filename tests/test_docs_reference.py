@@ -87,6 +87,10 @@ def test_every_declared_option_is_documented(pages: dict[str, str]) -> None:
     page = pages[ref.CLI_PAGE]
     for o in ref.declared_options():
         _row(page, o)
+    # And the config file's key check knows each one (it reads ALL_OPTIONS): the grant
+    # options were once missing from it, so a file that set them was refused.
+    unknown = {o.dest for o in ref.declared_options()} - {o.dest for o in ALL_OPTIONS}
+    assert not unknown, f"declared but not in relay.cli.common.ALL_OPTIONS: {sorted(unknown)}"
 
 
 def _command_paths(command: click.Command, path: tuple[str, ...]) -> Iterator[tuple[str, ...]]:

@@ -28,14 +28,23 @@ _SDKS = {
 }
 
 
+def options_by_broker() -> dict[str, tuple[Option, ...]]:
+    """Each broker's own options, in the order of BROKERS (the reference pages list them
+    by broker); an option several brokers take (the AWS region) is in each of them."""
+    found: dict[str, tuple[Option, ...]] = {}
+    for broker, module_name in _MODULES.items():
+        module = _load(module_name)
+        if module is not None:
+            found[broker] = tuple(getattr(module, "OPTIONS", ()))
+    return found
+
+
 def broker_options() -> tuple[Option, ...]:
     """Every broker's options, for the CLI and for checking config-file keys; an option
     several brokers take (the AWS region) is declared once and listed once."""
     options: list[Option] = []
-    for module_name in _MODULES.values():
-        module = _load(module_name)
-        if module is not None:
-            options.extend(o for o in getattr(module, "OPTIONS", ()) if o not in options)
+    for own in options_by_broker().values():
+        options.extend(o for o in own if o not in options)
     return tuple(options)
 
 
