@@ -54,6 +54,21 @@ def pg_dsn() -> Iterator[str]:
         vacuum_catalogs(dsn)
 
 
+@pytest.fixture
+def scratch_dsn(pg_dsn: str) -> Iterator[str]:
+    """A database of its own on the test server, empty (the public schema only), dropped
+    afterwards with whatever the test made in it: for what a schema drop cannot clean up,
+    or a reader's fresh database."""
+    name = f"relay_scratch_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(pg_dsn, dbname=name)
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
 def vacuum_catalogs(dsn: str) -> None:
     """VACUUM the system catalogs of the test database, before and after a session.
 

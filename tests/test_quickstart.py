@@ -19,14 +19,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -48,19 +45,6 @@ def test_the_readme_has_every_quickstart_block() -> None:
         "output": "text",
     }
     assert len(EXPORT.findall(blocks["shell"][1])) == 1, "the shell block sets RELAY_DSN once"
-
-
-@pytest.fixture
-def quickstart_dsn(pg_dsn: str) -> Iterator[str]:
-    """A database of its own, as a reader's would be: empty, the public schema only."""
-    name = f"relay_quickstart_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(pg_dsn, dbname=name)
-    finally:
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def _url(dsn: str) -> str:
@@ -93,11 +77,12 @@ def _read_events(proc: subprocess.Popen[str], count: int, timeout: float) -> lis
     return events
 
 
-def test_the_quickstart_runs_as_written(quickstart_dsn: str) -> None:
+def test_the_quickstart_runs_as_written(scratch_dsn: str) -> None:
+    # A database of its own, as a reader's would be: empty, the public schema only.
     blocks = quickstart_blocks()
-    url = _url(quickstart_dsn)
+    url = _url(scratch_dsn)
     shell = EXPORT.sub(f"export RELAY_DSN={url}", blocks["shell"][1])
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     relay = subprocess.Popen(
         ["bash", "-e", "-c", shell],
@@ -109,7 +94,7 @@ def test_the_quickstart_runs_as_written(quickstart_dsn: str) -> None:
     )
     try:
         deadline = time.monotonic() + 60
-        while not _outbox_exists(quickstart_dsn):
+        while not _outbox_exists(scratch_dsn):
             assert relay.poll() is None, relay.communicate()[1][-2000:]
             assert time.monotonic() < deadline, "relay migrate did not create public.outbox"
             time.sleep(0.1)
