@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol, runtime_checkable
 
-from relay.errors import RetryableError
+from relay.errors import BatchRaised, RetryableError, is_classified
 from relay.message import OutboxMessage
 
 # One outcome per message: None when the broker confirmed it, otherwise the failure-class
@@ -30,8 +30,13 @@ class Publisher(Protocol):
 
     - ``publish`` takes a batch and returns exactly one outcome per message, in the same
       order. It returns, rather than raises, per-message failures, so that brokers that
-      batch (SQS) and brokers that confirm one by one (RabbitMQ) fit the same loop. If it
-      raises, the exception is taken as the outcome of every message in the batch.
+      batch (SQS) and brokers that confirm one by one (RabbitMQ) fit the same loop.
+      Nothing one message brings (its headers, its payload, the destination's answer to
+      it) may decide another message's outcome: build and send each message where what it
+      raises becomes its own outcome (:func:`each_message` does that for adapters that
+      send messages one by one). If ``publish`` raises all the same, a failure class is
+      taken as the outcome of every message in the batch; anything else as
+      :class:`relay.errors.BatchRaised`, and the relay publishes the messages again apart.
     - A message counts as delivered (None) only once the broker has confirmed it.
     - SDK exceptions never leave the adapter: they are translated into the failure classes.
       Anything else reaching the relay is treated as an adapter bug (dead, not retried).
@@ -197,12 +202,35 @@ def publish_deadline() -> float | None:
     return _DEADLINE.get()
 
 
+async def each_message(
+    batch: Sequence[OutboxMessage], send: Callable[[OutboxMessage], Awaitable[Outcome]]
+) -> list[Outcome]:
+    """``send`` run for every message of ``batch`` at once; one outcome per message, in
+    order. What one send raises is that message's outcome alone (an exception that is no
+    failure class is an adapter bug: that message goes to dead and the worker logs the
+    traceback), never its neighbours': a message the destination accepted stays delivered
+    whatever another's request raised. Cancelling the call cancels every send."""
+    results = await asyncio.gather(*(send(m) for m in batch), return_exceptions=True)
+    return [_own_outcome(result) for result in results]
+
+
+def _own_outcome(result: Outcome | BaseException) -> Outcome:
+    if isinstance(result, asyncio.CancelledError):
+        # One send cancelled on its own (not the whole publish, which raises instead): the
+        # destination may or may not have the message.
+        return RetryableError("the send was cancelled before the destination answered")
+    return result
+
+
 async def publish_within(publisher: Publisher, messages: Sequence[OutboxMessage], deadline_s: float) -> list[Outcome]:
     """``publisher.publish(messages)`` held to the contract, for every caller (the
     workers, relay replay): one outcome per message whatever happens. Past ``deadline_s``
     the publish is cancelled and every message counts as retryable (the broker may or may
     not have it; consumers de-duplicate by id); an exception is every message's outcome;
-    a wrong number of outcomes is an adapter bug, the outcome of them all."""
+    a wrong number of outcomes is an adapter bug, the outcome of them all. An exception
+    raised for the whole batch is every message's outcome when it is a failure class;
+    anything else, for more than one message, is :class:`relay.errors.BatchRaised`: the
+    worker then publishes them apart, so that only a message that raises alone pays."""
     token = _DEADLINE.set(asyncio.get_running_loop().time() + deadline_s)
     try:
         async with asyncio.timeout(deadline_s):
@@ -210,6 +238,10 @@ async def publish_within(publisher: Publisher, messages: Sequence[OutboxMessage]
     except TimeoutError:
         return [RetryableError(f"{TIMEOUT_PREFIX} after {deadline_s:g}s")] * len(messages)
     except Exception as exc:  # the adapter raised for the whole batch
+        if len(messages) > 1 and not is_classified(exc):
+            shared = BatchRaised(f"the publisher raised for the whole batch: {type(exc).__name__}: {exc}")
+            shared.__cause__ = exc
+            return [shared] * len(messages)
         return [exc] * len(messages)
     finally:
         _DEADLINE.reset(token)

@@ -84,10 +84,6 @@ def failure_class(exc: BaseException) -> str:
     return "unclassified"
 
 
-def is_classified(exc: BaseException) -> bool:
-    return isinstance(exc, RetryableError | PermanentError | Defer | BrokerUnavailable)
-
-
 def describe(exc: BaseException) -> str:
     text = str(exc)
     return describe_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

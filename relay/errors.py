@@ -25,6 +25,14 @@ class SharedFailure(RetryableError):
     attempt of each: only the one that fails alone pays."""
 
 
+class BatchRaised(SharedFailure):
+    """The publisher raised for a whole batch instead of returning one outcome per message
+    (an adapter bug, or a library error its adapter did not expect). Which message caused
+    it, if any did, is unknown: the worker publishes the batch's messages again apart, and
+    only the one that raises alone is charged (as unclassified: dead, for a human). The
+    original exception is the ``__cause__``."""
+
+
 class PermanentError(Exception):
     """A failure no retry can fix (the message is too large, its content is refused).
 
@@ -87,6 +95,11 @@ class DestinationUnavailable(BrokerUnavailable):
         super().__init__(message)
         self.destination = destination
         self.retry_after = retry_after
+
+
+def is_classified(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the failure classes (anything else is an adapter bug)."""
+    return isinstance(exc, RetryableError | PermanentError | Defer | BrokerUnavailable)
 
 
 class ConfigError(Exception):

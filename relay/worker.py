@@ -19,8 +19,8 @@ from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
 from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher, publish_within
 from relay.db import TRANSIENT_DB_ERRORS
-from relay.decide import Policy, describe, failure_class, is_classified
-from relay.errors import BrokerUnavailable, DestinationUnavailable, SharedFailure, first_line
+from relay.decide import Policy, describe, failure_class
+from relay.errors import BrokerUnavailable, DestinationUnavailable, SharedFailure, first_line, is_classified
 from relay.isolation import PublishTurns
 from relay.message import Decision, Kind, OutboxMessage, log_fields
 from relay.oversize import OversizeTurn

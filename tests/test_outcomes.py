@@ -141,6 +141,47 @@ async def test_publisher_raising_for_the_whole_batch_applies_to_every_message(st
     assert [(r["status"], r["attempts"]) for r in db.rows()] == [("pending", 1), ("pending", 1)]
 
 
+async def test_an_unclassified_raise_for_the_whole_batch_is_paid_by_the_message_that_raises_alone(
+    store: OutboxStore, db: Db
+) -> None:
+    """A publisher that raises something unexpected for a batch (an adapter bug that one
+    message's content triggers) does not decide its neighbours' outcomes: the worker
+    publishes them apart, the others are delivered and only the culprit goes to dead."""
+    ids = db.insert([("a", "Ping", {"k": "ok"}), ("b", "Ping", {"k": "bad"}), ("c", "Ping", {"k": "ok"})])
+
+    class RaisesOnBad(InMemoryPublisher):
+        async def publish(self, batch):  # type: ignore[no-untyped-def]
+            if any(m.payload()["k"] == "bad" for m in batch):
+                raise RecursionError("maximum recursion depth exceeded")
+            return await super().publish(batch)
+
+    worker, pub = make_worker(store, publisher=RaisesOnBad(), max_attempts=5)
+    await worker.run_once()
+    rows = {r["id"]: r for r in db.rows()}
+    assert pub.delivered_ids() == [ids[0], ids[2]]
+    assert [rows[i]["status"] for i in ids] == ["done", "dead", "done"]
+    assert "unclassified publisher error" in rows[ids[1]]["last_error"]
+    assert "RecursionError" in rows[ids[1]]["last_error"]
+
+
+async def test_each_message_keeps_what_one_send_raises_to_that_message() -> None:
+    from relay.contract import each_message
+    from relay.message import OutboxMessage
+
+    def message(i: int) -> OutboxMessage:
+        return OutboxMessage(i, "t", f"a{i}", "Ping", b"{}", attempt=1, lease_version=1, ordered=False)
+
+    async def send(m: OutboxMessage) -> BaseException | None:
+        if m.id == 2:
+            raise ValueError("odd answer")
+        return None if m.id != 3 else RetryableError("later")
+
+    outcomes = await each_message([message(1), message(2), message(3)], send)
+    assert outcomes[0] is None
+    assert isinstance(outcomes[1], ValueError)
+    assert isinstance(outcomes[2], RetryableError)
+
+
 async def test_publish_timeout_is_retryable(store: OutboxStore, db: Db) -> None:
     [oid] = db.insert([("a", "Ping", {})])
     worker, _ = make_worker(store, lambda m: STALL, publish_timeout=timedelta(milliseconds=100))

@@ -18,7 +18,7 @@ from relay.adapters.header_text import header_value
 from relay.adapters.http.classify import BODY_SHOWN_BYTES, classify_status
 from relay.adapters.http.settings import RESERVED_HEADERS, HttpSettings
 from relay.adapters.http.signing import signature
-from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome, publish_deadline
+from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome, each_message, publish_deadline
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError, NotSent, RetryableError, first_line
 from relay.message import OutboxMessage
@@ -149,7 +149,7 @@ class HttpPublisher:
     async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:
         # The core leases at most one ordered message per aggregate into a batch, so the
         # whole batch may go at once; the semaphore bounds it per destination.
-        return await asyncio.gather(*(self._send(m) for m in batch))
+        return await each_message(batch, self._send)
 
     async def _send(self, m: OutboxMessage) -> Outcome:
         session = self._session

@@ -16,7 +16,7 @@ import nats.js.errors
 
 from relay.adapters.header_text import header_value
 from relay.adapters.nats.settings import NatsSettings
-from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
+from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome, each_message
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError, PermanentError, RetryableError, first_line
 from relay.message import OutboxMessage
@@ -91,7 +91,7 @@ class NatsPublisher:
             return [BrokerUnavailable("the NATS publisher is not started")] * len(batch)
         # The core leases at most one ordered message per aggregate into a batch, so the
         # whole batch may go at once.
-        return await asyncio.gather(*(self._send(m) for m in batch))
+        return await each_message(batch, self._send)
 
     async def _send(self, m: OutboxMessage) -> Outcome:
         subject = self.settings.subject.render(m)
