@@ -115,6 +115,22 @@ _HEADER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
 MAX_HEADER_VALUE_CHARS = 4096
 
 
+def decode_headers(text: str | bytes | None) -> dict[str, str] | None:
+    """A claimed row's headers column (jsonb, as its JSON text) as the relay sends them:
+    :func:`producer_headers` of the decoded value. ValueError, saying why, for anything
+    it refuses, whatever the text holds: a value nested too deep for Python's decoder
+    (PostgreSQL stores jsonb some 20,000 levels deep; Python's recursion limit is about
+    1,000) is refused like any other value that is not an object of strings, never an
+    exception that leaves the worker."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("headers must be a JSON object of string values, not a value nested this deep") from None
+    return producer_headers(value)
+
+
 def producer_headers(value: Any) -> dict[str, str] | None:
     """The producer's headers of a claimed row as the relay sends them, or None when the
     row has none; ValueError, saying why, for headers the relay refuses (the message then

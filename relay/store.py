@@ -8,7 +8,6 @@ returns it before any broker call is made.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ from relay.commit_order import ingest_by_id
 from relay.db import SessionLimits, configure_session
 from relay.dbtext import SQL_ASCII, not_utf8, not_utf8_bytes, readable, server_encoding, storable
 from relay.dsn import mask
-from relay.message import Decision, OutboxMessage, producer_headers
+from relay.errors import first_line
+from relay.message import Decision, OutboxMessage, decode_headers
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 
@@ -326,9 +326,31 @@ _TEXT_COLUMNS = ("aggregate_type", "aggregate_id", "event_type")
 
 def message_from_row(row: Sequence[Any], body: bytes, *, exact: bool = False) -> OutboxMessage | Unreadable:
     """A claimed row (the claims' RETURNING list, in its order) as the message a publisher
-    gets, or, on a SQL_ASCII database (``exact``), as an Unreadable one if its text or its
-    payload holds bytes that are not UTF-8. ``body`` is its payload (read afterwards when
-    the row was over the byte budget)."""
+    gets, or as an Unreadable one (dead alone, saying why): its producer headers are
+    refused, or, on a SQL_ASCII database (``exact``), its text or its payload holds bytes
+    that are not UTF-8. ``body`` is its payload (read afterwards when the row was over the
+    byte budget).
+
+    Whatever a producer wrote, this returns: an error no rule foresaw while reading one
+    row is that row's outcome, never an exception that stops the worker and, through the
+    rows it leaves leased, every relay that claims them after it."""
+    try:
+        return _message_from_row(row, body, exact=exact)
+    except Exception as exc:
+        bare = OutboxMessage(
+            id=row[_ID],
+            aggregate_type=readable(row[1]) if isinstance(row[1], str) else "?",
+            aggregate_id=readable(row[2]) if isinstance(row[2], str) else "?",
+            event_type=readable(row[3]) if isinstance(row[3], str) else "?",
+            body=b"",
+            attempt=row[5],
+            lease_version=row[_LEASE_VERSION],
+            ordered=bool(row[8]),
+        )
+        return Unreadable(bare, f"the row cannot be read: {type(exc).__name__}: {first_line(exc)}")
+
+
+def _message_from_row(row: Sequence[Any], body: bytes, *, exact: bool) -> OutboxMessage | Unreadable:
     (outbox_id, aggregate_type, aggregate_id, event_type, _payload, attempts, lease_version, age_s, ordered,
      aggregate_seq, _bytes, raw_headers, event_id, aggregate_epoch) = row  # fmt: skip
     texts = (aggregate_type, aggregate_id, event_type)
@@ -343,7 +365,7 @@ def message_from_row(row: Sequence[Any], body: bytes, *, exact: bool = False) ->
     headers, refused = None, None
     try:
         # jsonb comes as its JSON text here, as the payload does (_PayloadLoader).
-        headers = producer_headers(None if raw_headers is None else json.loads(raw_headers))
+        headers = decode_headers(raw_headers)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError (SQL_ASCII) included
         refused = str(exc)
     message = OutboxMessage(

@@ -129,7 +129,7 @@ async def dead_group(conn: Conn, names: OutboxNames, key: str, flt: DeadFilter, 
 class MessagePage:
     message: MessageDetail
     payload: str  # pretty-printed when it is JSON (it always is: the column is jsonb)
-    headers: Mapping[str, object] | None
+    headers: Mapping[str, str] | None
     ahead: int | None  # ordered messages of its aggregate before it (0: it is the head)
     explanation: Explanation | None  # its aggregate's, for ordered messages
 
@@ -140,17 +140,30 @@ async def message(conn: Conn, names: OutboxNames, outbox_id: int) -> MessagePage
         return None
     payload = m.payload
     if m.payload_length <= len(m.payload):  # whole: shown indented; a part is shown as it is
-        with contextlib.suppress(ValueError):
+        # Nested deeper than Python's decoder goes (jsonb takes some 20,000 levels): as stored.
+        with contextlib.suppress(ValueError, RecursionError):
             payload = json.dumps(json.loads(m.payload), indent=2, ensure_ascii=False)
-    try:
-        headers = json.loads(m.headers) if m.headers else None
-    except ValueError:  # cut at 64 KiB: shown as text
-        headers = {"(headers, first 64 KiB)": m.headers}
     ahead = None
     if m.ordered and m.aggregate_seq is not None and m.head_seq is not None and m.status != "done":
         ahead = max(m.aggregate_seq - m.head_seq, 0)
     explanation = await _explanation(conn, names, m.aggregate_id) if m.ordered else None
-    return MessagePage(m, payload, headers if isinstance(headers, dict) else None, ahead, explanation)
+    return MessagePage(m, payload, shown_headers(m.headers), ahead, explanation)
+
+
+def shown_headers(text: str | None) -> dict[str, str] | None:
+    """A message's headers column (its first 64 KiB) as the page lists it: name and value,
+    a value that is not a string as its JSON text. Whatever a producer wrote there (the
+    relay refuses all but an object of strings, yet the row keeps it), the page shows
+    it: cut, not an object, or nested too deep to decode, it is one row of raw text."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError
+        return {str(k): v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in value.items()}
+    except (ValueError, RecursionError):
+        return {"(headers as stored, first 64 KiB)": text}
 
 
 @dataclass(frozen=True)
