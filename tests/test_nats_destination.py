@@ -144,6 +144,30 @@ def test_a_subject_template_names_each_messages_subject(
     assert dead["status"] == "dead" and "subject template" in dead["last_error"]
 
 
+def test_an_id_that_would_change_the_subjects_tokens_goes_dead_alone_never_to_another_tree(
+    db: Db, relay_dsn: str, nats_stream: NatsStream, relays: list[RelayProcess]
+) -> None:
+    """The stream captures ``<prefix>.>``, so any subject under it is stored: an aggregate
+    id ``x.y`` in ``<prefix>.{aggregate_id}.ev`` would land in aggregate ``x``'s subtree
+    (``<prefix>.x.y.ev``). Each such id is refused alone, naming itself and the template;
+    the neighbours are stored under their own subjects."""
+    nats_stream.create()
+    hostile = ["x.y", "x.*", "x.>", "a\rb", "tab\tid", "", "."]
+    ids = db.insert([("x", "OrderPlaced", {})] + [(a, "OrderPlaced", {}) for a in hostile] + [("y", "OrderPaid", {})])
+    template = nats_stream.prefix + ".{aggregate_id}.ev"
+    relay = nats_relay(db.names, nats_stream, template, env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
+    assert wait_until(lambda: db.settled(len(ids)), timeout=30), relay.tail()
+    got = {int(m.headers["outbox_id"]): m.subject for m in nats_stream.read()}
+    assert got == {ids[0]: nats_stream.subject("x", "ev"), ids[-1]: nats_stream.subject("y", "ev")}
+    rows = {r["id"]: r for r in db.rows()}
+    for outbox_id in ids[1:-1]:
+        row = rows[outbox_id]
+        assert row["status"] == "dead" and row["attempts"] == 1, row
+        reason = row["last_error"]
+        assert ("{aggregate_id}" in reason and "one subject token" in reason) or "empty token" in reason, reason
+        assert repr(row["aggregate_id"])[:20] in row["last_error"], row["last_error"]
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

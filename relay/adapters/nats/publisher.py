@@ -94,12 +94,10 @@ class NatsPublisher:
         return await each_message(batch, self._send)
 
     async def _send(self, m: OutboxMessage) -> Outcome:
-        subject = self.settings.subject.render(m)
-        if subject is None:
-            return PermanentError(
-                f"subject template {self.settings.subject.text!r} makes no valid subject of this message's"
-                " fields (an empty token, a space or a wildcard)"
-            )
+        try:
+            subject = self.settings.subject.render(m)
+        except ValueError as exc:
+            return PermanentError(str(exc))
         timeout = self.settings.request_timeout.total_seconds()
         try:
             await self._js.publish(subject, m.body, timeout=timeout, headers=self.headers(m))
@@ -117,6 +115,10 @@ class NatsPublisher:
             nats.errors.OutboundBufferLimitError,
         ) as exc:
             return BrokerUnavailable(f"NATS at {self._where}: {type(exc).__name__}")
+        except nats.js.errors.BadRequestError as exc:
+            # 400: the stream refuses this message as it is (headers over 64 KiB, a
+            # message over the stream's max_msg_size): no retry changes that.
+            return PermanentError(f"JetStream refused the message on subject {subject!r}: {mask(first_line(exc))}")
         except nats.js.errors.APIError as exc:
             return RetryableError(f"JetStream refused subject {subject!r}: {mask(first_line(exc))}")
         except nats.errors.Error as exc:

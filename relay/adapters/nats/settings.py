@@ -27,6 +27,9 @@ SUBJECT_FIELDS = ("aggregate_type", "aggregate_id", "event_type")
 # A subject's token: no whitespace, no wildcard ('*', '>'), not empty (NATS's rules for a
 # subject one publishes to).
 _TOKEN = re.compile(r"^[^\s*>.]+$")
+# What a field's value may not hold: a token separator, a wildcard, whitespace or another
+# control character (the subject goes on the protocol's command line).
+_NOT_IN_FIELD = re.compile(r"[.*>\s\x00-\x1f\x7f]")
 
 OPTIONS: tuple[Option, ...] = (
     Option(
@@ -99,15 +102,29 @@ class SubjectTemplate:
     def static(self) -> bool:
         return "{" not in self.text
 
-    def render(self, m: OutboxMessage) -> str | None:
-        """The message's subject; None when its fields make one NATS would refuse (an
-        aggregate id with a space, a wildcard or an empty token)."""
+    def render(self, m: OutboxMessage) -> str:
+        """The message's subject, each field's value inside the token the template puts it
+        in. ValueError, naming the field, its value and the template, when a value would
+        add a token (a '.'), make a wildcard ('*', '>'), hold whitespace or a control
+        character, or leave a token empty: that message alone is refused, never sent to a
+        subject of another tree (``orders.{aggregate_id}`` with the id ``x.y`` would be
+        ``orders.x.y``, another aggregate's subtree under a ``orders.>`` stream)."""
         if self.static:
             return self.text
-        subject = self.text.format(
-            aggregate_type=m.aggregate_type, aggregate_id=m.aggregate_id, event_type=m.event_type
-        )
-        return subject if _tokens_valid(subject) else None
+        fields = {"aggregate_type": m.aggregate_type, "aggregate_id": m.aggregate_id, "event_type": m.event_type}
+        for name, value in fields.items():
+            if "{" + name + "}" in self.text and _NOT_IN_FIELD.search(value):
+                raise ValueError(
+                    f"{name} {shown(value)} cannot go into subject template {self.text!r}: a field's value"
+                    " must stay one subject token (no '.', '*', '>', whitespace or control characters)"
+                )
+        subject = self.text.format(**fields)
+        if not _tokens_valid(subject):
+            raise ValueError(
+                f"subject template {self.text!r} makes an empty token of this message's fields"
+                f" ({', '.join(f'{k} {shown(v)}' for k, v in fields.items() if '{' + k + '}' in self.text)})"
+            )
+        return subject
 
 
 @dataclass(frozen=True, kw_only=True)
