@@ -5,15 +5,16 @@ It records every request it gets in PostgreSQL (``<schema>.requests``), verifies
 signature with the ``standardwebhooks`` package (someone else's implementation: the
 oracle), and applies each Idempotency-Key's effect once (``<schema>.effects``, in the
 order applied) when it answers 2xx. How it answers is scripted per event type: a status
-for the first N requests of each key, a ``Retry-After``, a delay, a connection reset.
+for the first N requests of each key, a ``Retry-After``, a delay, a connection reset, a
+redirect's ``Location``, a body that drips.
 
 RECEIVER_DSN, RECEIVER_SCHEMA, RECEIVER_PORT; RECEIVER_SECRETS (whitespace-separated
 whsec_ secrets: a request verifies when any of them verifies it); RECEIVER_SCRIPT (JSON:
 ``{"EventType": [{"status": 500, "times": 2, "retry_after": "1", "delay_s": 3, "reset":
-true, "body": "...", "location": "/elsewhere?x=1", "drip_s": 3}]}``: ``location`` is the
-answer's ``Location`` (a redirect target), ``drip_s`` sends the status line and headers at
-once and then the body a byte at a time over that many seconds); RECEIVER_CERT and RECEIVER_KEY for https, RECEIVER_CLIENT_CA to
-require a client certificate signed by it.
+true, "body": "...", "location": "/elsewhere?x=1", "drip_s": 3}]}``; ``drip_s`` sends the
+status line and headers at once, then the body a byte at a time over that many seconds);
+RECEIVER_CERT and RECEIVER_KEY for https, RECEIVER_CLIENT_CA to require a client
+certificate signed by it.
 """
 
 from __future__ import annotations
