@@ -114,7 +114,8 @@ OPTIONS: tuple[Option, ...] = (
         "http_retry_after_max",
         "duration",
         "10m",
-        "Longest wait a Retry-After answer may ask for; a longer one is cut to this.",
+        "Longest wait a Retry-After answer may ask for (a longer one is cut to this), and the"
+        " longest that Retry-After answers in a row for one message back off to.",
         section=SECTION,
         key="retry_after_max",
         minimum=1,
@@ -124,7 +125,8 @@ OPTIONS: tuple[Option, ...] = (
         "http_follow_redirects",
         "bool",
         False,
-        "Follow 3xx answers (at most 10); without it a redirect holds the destination's messages.",
+        "Follow 307 and 308 answers to --url's own origin (at most 10 in a row); any other redirect,"
+        " or any at all without it, holds the destination's messages.",
         section=SECTION,
         key="follow_redirects",
     ),
