@@ -50,13 +50,21 @@ def test_retry_after_takes_ascii_digits_only_and_cuts_before_converting() -> Non
     assert retry_after("Mon, 99 Foo 2025 99:99:99 GMT", CAP) is None
 
 
-@given(st.text(max_size=60))
+# Any text, long runs of digits, and digits that are not ASCII (what str.isdigit() takes).
+RETRY_AFTER_VALUES = st.one_of(
+    st.text(max_size=60),
+    st.from_regex(r"\s*[0-9]{1,40}\s*", fullmatch=True),
+    st.text(alphabet=st.characters(whitelist_categories=("Nd", "No")), min_size=1, max_size=5),
+)
+
+
+@given(RETRY_AFTER_VALUES)
 def test_retry_after_never_raises_and_stays_within_the_cap(value: str) -> None:
     wait = retry_after(value, CAP, now=time.time())
     assert wait is None or timedelta(0) <= wait <= CAP
 
 
-@given(st.text(max_size=60), st.integers(min_value=300, max_value=599))
+@given(RETRY_AFTER_VALUES, st.integers(min_value=300, max_value=599))
 def test_no_answer_makes_classify_raise(value: str, status: int) -> None:
     headers = {"Retry-After": value, "Location": value}
     outcome = classify_status(status, headers, value.encode(), where="http://x/y", cap=CAP, url="http://x/y")
