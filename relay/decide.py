@@ -50,7 +50,10 @@ class Policy:
         if isinstance(outcome, NotSent):  # held back by the adapter's own limit: never dead for it
             return Decision.defer(message, max(outcome.delay.total_seconds(), 0.0), describe_text(outcome.reason))
         if isinstance(outcome, Defer):
-            delay = max(outcome.delay.total_seconds(), 0.0)
+            # The wait a destination asks for, but at least the backoff base: an answer of
+            # "now" (HTTP's Retry-After: 0, or a date already past) must not become a loop
+            # of claims, requests and finalizes as fast as the relay can go.
+            delay = max(outcome.delay.total_seconds(), self.backoff.base.total_seconds())
             if message.age_s + delay > self.defer_max_age.total_seconds():
                 return Decision.dead(
                     message,

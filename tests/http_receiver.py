@@ -5,13 +5,16 @@ It records every request it gets in PostgreSQL (``<schema>.requests``), verifies
 signature with the ``standardwebhooks`` package (someone else's implementation: the
 oracle), and applies each Idempotency-Key's effect once (``<schema>.effects``, in the
 order applied) when it answers 2xx. How it answers is scripted per event type: a status
-for the first N requests of each key, a ``Retry-After``, a delay, a connection reset.
+for the first N requests of each key, a ``Retry-After``, a delay, a connection reset, a
+redirect's ``Location``, a body that drips.
 
 RECEIVER_DSN, RECEIVER_SCHEMA, RECEIVER_PORT; RECEIVER_SECRETS (whitespace-separated
 whsec_ secrets: a request verifies when any of them verifies it); RECEIVER_SCRIPT (JSON:
 ``{"EventType": [{"status": 500, "times": 2, "retry_after": "1", "delay_s": 3, "reset":
-true, "body": "..."}]}``); RECEIVER_CERT and RECEIVER_KEY for https, RECEIVER_CLIENT_CA to
-require a client certificate signed by it.
+true, "body": "...", "location": "/elsewhere?x=1", "drip_s": 3}]}``; ``drip_s`` sends the
+status line and headers at once, then the body a byte at a time over that many seconds);
+RECEIVER_CERT and RECEIVER_KEY for https, RECEIVER_CLIENT_CA to require a client
+certificate signed by it.
 """
 
 from __future__ import annotations
@@ -101,6 +104,21 @@ class Receiver:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
 
 
+async def drip(
+    request: web.Request, status: int, body: str, seconds: float, headers: dict[str, str]
+) -> web.StreamResponse:
+    """The status line and headers at once, then ``body`` a byte at a time spread over
+    ``seconds``: a receiver that has answered but is slow to finish its answer."""
+    response = web.StreamResponse(status=status, headers=headers)
+    await response.prepare(request)
+    data = body.encode()
+    for i in range(len(data)):
+        await asyncio.sleep(seconds / len(data))
+        await response.write(data[i : i + 1])
+    await response.write_eof()
+    return response
+
+
 def _verifier() -> list[Webhook]:
     return [Webhook(secret) for secret in os.environ.get("RECEIVER_SECRETS", "").split()]
 
@@ -172,6 +190,10 @@ async def main() -> None:
                 transport.abort()
             raise asyncio.CancelledError
         extra = {"Retry-After": str(rule["retry_after"])} if "retry_after" in rule else {}
+        if "location" in rule:
+            extra["Location"] = str(rule["location"])
+        if rule.get("drip_s"):
+            return await drip(request, status, rule.get("body", "ok"), float(rule["drip_s"]), extra)
         return web.Response(status=status, text=rule.get("body", "ok"), headers=extra)
 
     app = web.Application(client_max_size=64 * 1024 * 1024)

@@ -5,7 +5,8 @@ webhook receiver.
 table; routes take ``url = "..."``). The body is the payload as stored
 (``Content-Type: application/json``); ``Idempotency-Key`` is the event's id, the same on
 every retry, restart, replay and failover; the relay's fields go as ``Relay-*`` headers,
-the producer's headers (trace context among them) as they are; with a signing secret,
+the producer's headers (trace context among them) as they are, but never credentials
+(``Authorization``, ``Proxy-Authorization``, ``Cookie``); with a signing secret,
 Standard Webhooks' ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature``.
 
 How answers are sorted: :mod:`relay.adapters.http.classify`. aiohttp is imported only

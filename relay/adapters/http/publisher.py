@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import ssl
 import time
@@ -15,12 +16,14 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from relay.adapters.header_text import header_value
+from relay.adapters.http import redirects
 from relay.adapters.http.classify import BODY_SHOWN_BYTES, classify_status
-from relay.adapters.http.settings import RESERVED_HEADERS, HttpSettings
+from relay.adapters.http.deferrals import Deferrals
+from relay.adapters.http.settings import PRODUCER_REFUSED_HEADERS, RESERVED_HEADERS, HttpSettings
 from relay.adapters.http.signing import signature
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome, each_message, publish_deadline
 from relay.dsn import mask
-from relay.errors import BrokerUnavailable, ConfigError, NotSent, RetryableError, first_line
+from relay.errors import BrokerUnavailable, ConfigError, NotSent, PermanentError, RetryableError, first_line
 from relay.message import OutboxMessage
 
 log = logging.getLogger("relay.adapters.http")
@@ -40,24 +43,55 @@ FIELD_HEADERS = {
 }
 # An answer bigger than this is not read to its end: its connection is closed instead.
 _DRAIN_MAX_BYTES = 1 << 20
+# How long an answer's body is read once its status line is in: long enough for any
+# ordinary answer on a live connection (so the connection goes back to the pool), short
+# enough that a body dripping for minutes costs one closed connection, never the outcome
+# the status already gave.
+BODY_READ_S = 1.0
+# The body read also ends this long before the publish deadline, so that the outcome is
+# handed back before the relay cuts the whole publish (which would undo a 2xx).
+BODY_READ_DEADLINE_MARGIN_S = 0.1
 # How soon a message held back by the concurrency limit is claimed again (one held back by
 # the rate waits for the next free turn, at least this).
 NOT_SENT_DELAY_S = 0.2
+# aiohttp's own deadlines off: the relay's (the request's until its status line, the body
+# read's after it) are asyncio timeouts around each phase. aiohttp's ``total`` would run
+# on through the body read and turn a delivered 2xx into a timeout.
+_NO_AIOHTTP_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=None, sock_read=None)
+# An http(s) URL's query in someone else's error text (aiohttp quotes request URLs).
+_URL_QUERY = re.compile(r"(https?://[^\s?#'\"]*)\?[^\s#'\"]*")
 
 
-async def _drain(response: aiohttp.ClientResponse) -> bytes:
+async def _drain(response: aiohttp.ClientResponse, until: float) -> tuple[bytes, bool]:
     """The first bytes of ``response``'s body (what :func:`classify_status` may show),
-    the rest read and dropped up to ``_DRAIN_MAX_BYTES``."""
+    the rest read and dropped up to ``_DRAIN_MAX_BYTES`` or the loop's time ``until``;
+    whether the body was read to its end. Errors end the read and are ignored: the status
+    line already said what the answer is."""
     kept = b""
     total = 0
-    while total <= _DRAIN_MAX_BYTES:
-        chunk = await response.content.readany()
-        if not chunk:
-            break
-        if len(kept) < BODY_SHOWN_BYTES + 1:
-            kept += chunk[: BODY_SHOWN_BYTES + 1 - len(kept)]
-        total += len(chunk)
-    return kept
+    try:
+        async with asyncio.timeout_at(until):
+            while total <= _DRAIN_MAX_BYTES:
+                chunk = await response.content.readany()
+                if not chunk:
+                    return kept, True
+                if len(kept) < BODY_SHOWN_BYTES + 1:
+                    kept += chunk[: BODY_SHOWN_BYTES + 1 - len(kept)]
+                total += len(chunk)
+    except Exception:  # a timeout, a reset, a malformed chunk or encoding: all the same here
+        pass
+    return kept, False
+
+
+def _without_queries(text: str) -> str:
+    """``text`` with the query of every http(s) URL in it dropped: a query value too short
+    to be masked literally must not be shown at all."""
+    return _URL_QUERY.sub(r"\1", text) if "?" in text else text
+
+
+def _said(exc: BaseException) -> str:
+    """Someone else's error, for a line: type, first line, no URL query, masked."""
+    return f"{type(exc).__name__}: {mask(_without_queries(first_line(exc)[:500]))}"
 
 
 class RateLimit:
@@ -96,8 +130,8 @@ class HttpPublisher:
         self._ssl: ssl.SSLContext | None = None
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._rate = RateLimit(settings.rate)
-        self._timeout = aiohttp.ClientTimeout(total=settings.timeout.total_seconds())
         self._where = settings.where
+        self._deferrals = Deferrals(settings.retry_after_max)
         # Names the destination's static headers take: a producer header of the same name
         # in another case would be sent beside it, not instead of it.
         self._static = frozenset(name.lower() for name in settings.headers)
@@ -117,7 +151,7 @@ class HttpPublisher:
         connector = aiohttp.TCPConnector(limit=self.settings.concurrency, ssl=self._ssl, keepalive_timeout=30)
         # Our own Content-Type on every request; no cookies kept between messages.
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True
+            connector=connector, timeout=_NO_AIOHTTP_TIMEOUT, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True
         )
 
     async def close(self) -> None:
@@ -126,12 +160,14 @@ class HttpPublisher:
             self._session = None
 
     def headers(self, m: OutboxMessage, now: int) -> dict[str, str]:
-        """A request's headers: the producer's (trace context among them), the destination's
-        static ones, then the relay's, which nothing else may stand in for."""
+        """A request's headers: the producer's (trace context among them; never credentials,
+        PRODUCER_REFUSED_HEADERS), the destination's static ones, then the relay's, which
+        nothing else may stand in for."""
         headers: dict[str, str] = {}
         for name, text in (m.headers or {}).items():
             lower = name.lower()
-            if lower not in RESERVED_HEADERS and lower not in self._static and not lower.startswith("relay-"):
+            refused = lower in RESERVED_HEADERS or lower in PRODUCER_REFUSED_HEADERS or lower.startswith("relay-")
+            if not refused and lower not in self._static:
                 headers[name] = header_value(text)
         headers.update(self.settings.headers)
         event_id = m.event_id or str(m.id)
@@ -152,6 +188,11 @@ class HttpPublisher:
         return await each_message(batch, self._send)
 
     async def _send(self, m: OutboxMessage) -> Outcome:
+        """One message's request and its outcome; whatever happens while sending it or
+        reading its answer is this outcome, never an exception."""
+        return self._deferrals.paced(m, await self._send_within_limits(m))
+
+    async def _send_within_limits(self, m: OutboxMessage) -> Outcome:
         session = self._session
         if session is None:
             return BrokerUnavailable("the HTTP publisher is not started")
@@ -171,38 +212,88 @@ class HttpPublisher:
             if not await self._rate.wait(latest):
                 return self._not_sent("--http-rate gave no turn early enough")
             try:
-                async with session.request(
-                    s.method,
-                    s.url,
-                    data=m.body,
-                    headers=self.headers(m, int(time.time())),
-                    allow_redirects=s.follow_redirects,
-                ) as response:
-                    # Read to its end, so that the connection goes back to the pool for
-                    # the next request (an answer left unread closes it), but keep no
-                    # more of it than an error line shows.
-                    body = await _drain(response)
-                    return classify_status(
-                        response.status, response.headers, body, where=self._where, cap=s.retry_after_max
-                    )
-            except aiohttp.ClientConnectorError as exc:
-                # Refused, no such host, TLS handshake or certificate: nothing was sent.
-                return BrokerUnavailable(f"{self._where} unreachable: {mask(first_line(exc))}")
-            except aiohttp.TooManyRedirects as exc:
-                return BrokerUnavailable(f"{self._where}: more than 10 redirects: {mask(first_line(exc))}")
-            except (TimeoutError, aiohttp.ServerTimeoutError):
-                return RetryableError(f"{self._where} did not answer within {s.timeout.total_seconds():g}s")
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                if await self._refuses_tls_client():
-                    return BrokerUnavailable(
-                        f"{self._where} closes every connection right after the TLS handshake: it wants a client"
-                        " certificate (--http-client-cert) or refuses the one sent"
-                    )
-                return RetryableError(f"{self._where}: {type(exc).__name__}: {mask(first_line(exc))}")
-            except aiohttp.ClientError as exc:  # closed mid-answer, a malformed answer
-                return RetryableError(f"{self._where}: {type(exc).__name__}: {mask(first_line(exc))}")
+                headers = self.headers(m, int(time.time()))
+            except Exception as exc:  # what this message's own fields make of a request
+                return PermanentError(f"cannot make a request of this message for {self._where}: {_said(exc)}")
+            return await self._request(session, m.body, headers)
         finally:
             self._slots.release()
+
+    async def _request(self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str]) -> Outcome:
+        """The request, and the redirects it may follow (:mod:`redirects`), until a status
+        line that is no followed redirect, within ``--http-timeout``; that answer's outcome."""
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        until = loop.time() + s.timeout.total_seconds()
+        url = s.url
+        try:
+            for _hop in range(redirects.MAX_REDIRECTS + 1):
+                async with asyncio.timeout_at(until):
+                    response = await session.request(
+                        s.method, url, data=body, headers=headers, allow_redirects=False, timeout=_NO_AIOHTTP_TIMEOUT
+                    )
+                # Read to its end (within its own bound), so that the connection goes back
+                # to the pool for the next request, but keep no more of it than an error
+                # line shows; a body not read to its end closes its connection instead.
+                complete = False
+                try:
+                    hop = self._next_hop(response, url)
+                    answer, complete = await _drain(response, self._body_read_until())
+                    if hop is None:
+                        return self._outcome(response, answer, url)
+                    if isinstance(hop, BaseException):
+                        return hop
+                    url = hop.url
+                finally:
+                    if complete:
+                        response.release()
+                    else:
+                        response.close()
+            return redirects.too_many(url, where=self._where)
+        except aiohttp.ClientConnectorError as exc:
+            # Refused, no such host, TLS handshake or certificate: nothing was sent.
+            return BrokerUnavailable(f"{self._where} unreachable: {_said(exc)}")
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            return RetryableError(f"{self._where} did not answer within {s.timeout.total_seconds():g}s")
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if await self._refuses_tls_client():
+                return BrokerUnavailable(
+                    f"{self._where} closes every connection right after the TLS handshake: it wants a client"
+                    " certificate (--http-client-cert) or refuses the one sent"
+                )
+            return RetryableError(f"{self._where}: {_said(exc)}")
+        except aiohttp.ClientError as exc:  # closed mid-answer, a malformed answer
+            return RetryableError(f"{self._where}: {_said(exc)}")
+        except Exception as exc:  # nothing foreseen: this message's outcome all the same
+            log.warning("unexpected error sending to %s: %s", self._where, _said(exc))
+            return RetryableError(f"{self._where}: the request failed unexpectedly: {_said(exc)}")
+
+    def _next_hop(self, response: aiohttp.ClientResponse, url: str) -> redirects.Redirect | BaseException | None:
+        """For a 3xx followed under --http-follow-redirects, where to (or why not); None
+        for any other answer."""
+        if not (self.settings.follow_redirects and 300 <= response.status < 400):
+            return None
+        return redirects.next_hop(response.status, response.headers, url, home=self.settings.url, where=self._where)
+
+    def _outcome(self, response: aiohttp.ClientResponse, body: bytes, url: str) -> Outcome:
+        """The outcome of a final answer: a 2xx is delivered, whatever its body did (its
+        read is bounded on its own and its errors ignored)."""
+        status = response.status
+        if 200 <= status < 300:
+            return None
+        try:
+            return classify_status(
+                status, response.headers, body, where=self._where, cap=self.settings.retry_after_max, url=url
+            )
+        except Exception as exc:  # a header or body no rule foresaw: this message's outcome
+            return RetryableError(f"{self._where} answered {status}, an answer that could not be read: {_said(exc)}")
+
+    def _body_read_until(self) -> float:
+        """When a body read ends, in the loop's time: BODY_READ_S from now, and before the
+        publish deadline."""
+        until = asyncio.get_running_loop().time() + BODY_READ_S
+        deadline = publish_deadline()
+        return until if deadline is None else min(until, deadline - BODY_READ_DEADLINE_MARGIN_S)
 
     def _not_sent(self, why: str) -> NotSent:
         wait = max(self._rate.next_turn_in(), NOT_SENT_DELAY_S)

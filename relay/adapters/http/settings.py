@@ -3,6 +3,8 @@ reads every broker's options at start-up, HTTP chosen or not."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import re
 from collections.abc import Mapping
@@ -10,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 from relay.adapters.http.signing import parse_secrets
 from relay.contract import PublishLimits
@@ -112,7 +114,8 @@ OPTIONS: tuple[Option, ...] = (
         "http_retry_after_max",
         "duration",
         "10m",
-        "Longest wait a Retry-After answer may ask for; a longer one is cut to this.",
+        "Longest wait a Retry-After answer may ask for (a longer one is cut to this), and the"
+        " longest that Retry-After answers in a row for one message back off to.",
         section=SECTION,
         key="retry_after_max",
         minimum=1,
@@ -122,7 +125,8 @@ OPTIONS: tuple[Option, ...] = (
         "http_follow_redirects",
         "bool",
         False,
-        "Follow 3xx answers (at most 10); without it a redirect holds the destination's messages.",
+        "Follow 307 and 308 answers to --url's own origin (at most 10 in a row); any other redirect,"
+        " or any at all without it, holds the destination's messages.",
         section=SECTION,
         key="follow_redirects",
     ),
@@ -154,6 +158,10 @@ OPTIONS: tuple[Option, ...] = (
 
 # RFC 9110 token characters: what a header name may be made of.
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# Credentials a producer's row may not carry: the destination's credentials are the
+# operator's (static headers, or user info in --url), and a producer's beside them would
+# either impersonate another client or make aiohttp refuse the request. Not sent.
+PRODUCER_REFUSED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 # Headers the relay writes itself: a static header may not stand in for them.
 RESERVED_HEADERS = frozenset(
     {"content-type", "content-length", "host", "idempotency-key", "webhook-id", "webhook-timestamp",
@@ -187,23 +195,98 @@ def parse_headers(text: str, where: str) -> dict[str, str]:
         if not value or any(ord(c) < 32 or ord(c) == 127 for c in value) or not value.isascii():
             raise ConfigError(f"{where}, line {number}: the value of {name} must be printable ASCII")
         headers[name] = value
-        register_secret(value)
+        for secret in credential_parts(name, value):
+            register_secret(secret)
     return headers
 
 
+# An auth scheme and its credentials: "Bearer <token>", "Basic <base64>", "Digest k=v, ...".
+_SCHEME_AND_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*) +(\S.*)")
+# Where credentials split into parts: auth-params ("k=v, k=v"), cookie pairs ("a=b; c=d").
+_PART_SEPARATORS = re.compile(r"[\s,;]+")
+_AUTHORIZATIONS = frozenset({"authorization", "proxy-authorization"})
+
+
+def credential_parts(name: str, value: str) -> set[str]:
+    """What the log mask must know of the static header ``name: value``: the whole value
+    (an ``X-Api-Key``), and for credentials every part a receiver could echo alone: an
+    Authorization's credentials after its scheme (``Bearer <token>``: the token), each
+    auth-param's value, what Basic credentials decode to (``user:password``, and the
+    password); a Cookie's values. The scheme's word itself is left out: "Bearer" masked
+    everywhere would garble every line."""
+    parts = {value}
+    lower = name.lower()
+    if lower in _AUTHORIZATIONS:
+        scheme = _SCHEME_AND_CREDENTIALS.fullmatch(value)
+        credentials = scheme.group(2) if scheme else value
+        parts |= {credentials, *_pieces(credentials)}
+        if scheme and scheme.group(1).lower() == "basic":
+            decoded = _base64_text(credentials)
+            parts |= {decoded, decoded.partition(":")[2]}
+    elif lower == "cookie":
+        parts |= _pieces(value)
+    return {part for part in parts if part}
+
+
+def _pieces(credentials: str) -> set[str]:
+    """Each ``k=v`` piece of ``credentials``, and its value unquoted."""
+    found = set()
+    for piece in _PART_SEPARATORS.split(credentials):
+        found |= {piece, piece.partition("=")[2].strip('"')}
+    return found
+
+
+def _base64_text(text: str) -> str:
+    try:
+        return base64.b64decode(text, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return ""
+
+
 def check_url(url: str) -> str:
+    """``url`` checked: http(s) with a host. Its password and every value of its query
+    (an ``api_key=...``) are registered with the log mask, as written and decoded."""
     url = url.strip()
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a port that is no number raises here, not at the first request
+    except ValueError:
+        raise ConfigError(f"invalid --url {shown(describe_url(url))}: its host or port is malformed") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"invalid --url {shown(describe_url(url))}: expected an http:// or https:// URL")
-    if parts.password:
-        register_secret(parts.password)
+    secrets = [parts.password or ""]
+    for piece in parts.query.split("&"):
+        secrets.append(piece.partition("=")[2])
+    for secret in secrets:
+        register_secret(secret)
+        register_secret(unquote_plus(secret))
     return url
+
+
+def without_credentials(url: str, headers: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """``url`` without its user info, and ``headers`` with the Basic ``Authorization``
+    that user info stood for: the relay sends credentials one way only. A static
+    Authorization beside user info is refused (which of the two was meant is unknown)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, dict(headers)
+    if any(name.lower() == "authorization" for name in headers):
+        raise ConfigError(
+            "--url carries credentials (user:password@) and the static headers an Authorization:"
+            " give the credentials one way only"
+        )
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
+    basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+    register_secret(basic)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=host)), {**headers, "Authorization": f"Basic {basic}"}
 
 
 @dataclass(frozen=True, kw_only=True)
 class HttpSettings:
-    """Everything the HTTP publisher needs, checked. Build it with :meth:`from_values`."""
+    """Everything the HTTP publisher needs, checked. Build it with :meth:`from_values`,
+    which moves credentials in ``url`` (user info) into ``headers`` as a Basic
+    Authorization: ``url`` holds none."""
 
     url: str
     method: str = "POST"
@@ -258,8 +341,9 @@ class HttpSettings:
                 raise ConfigError(f"cannot read --{name.replace('_', '-')} {shown(path)}")
         if values.get("http_client_key") and not values.get("http_client_cert"):
             raise ConfigError("--http-client-key needs --http-client-cert")
+        url, headers = without_credentials(check_url(str(url)), headers)
         return cls(
-            url=check_url(str(url)),
+            url=url,
             method=values.get("http_method") or "POST",
             secrets=secrets,
             headers=headers,
