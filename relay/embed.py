@@ -36,17 +36,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
 from relay.config import RelaySettings
 from relay.dsn import mask
-from relay.errors import ConfigError, DatabaseUnavailable, first_line
-from relay.options import check_file_keys, load_file, resolve
+from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
+from relay.options import check_file_keys, did_you_mean, load_file, resolve, unknown_variables
 from relay.shared_settings import Given, given_settings
 from relay.tracing import Tracing, tracing_for
-from relay.wiring import START_ALL, publisher_for
+from relay.wiring import START_ALL, VARIABLES, publisher_for, refuse_other_destinations
 
 __all__ = ["Relay"]
 
@@ -78,14 +79,21 @@ class Relay:
     def __init__(self, *, environ: Mapping[str, str] | None = None, config: str | None = None, **settings: Any) -> None:
         unknown = sorted(set(settings) - set(_KNOWN))
         if unknown:
-            raise ConfigError(f"unknown relay setting {unknown[0]!r} (the options of `relay start`, without dashes)")
+            raise ConfigError(
+                f"unknown relay setting {shown(unknown[0])}{did_you_mean(unknown[0], _KNOWN)}:"
+                " the settings are `relay start`'s options, named without the dashes"
+            )
         given = {name: _raw(name, value) for name, value in settings.items() if value is not None}
         file = load_file(config)
         if config:
             check_file_keys(file, START_ALL, config)
         env = dict(environ or {})
         self.values = resolve(START_ALL, given, file, env)
-        self.settings = RelaySettings.from_values(self.values)
+        checked = RelaySettings.from_values(self.values)
+        refuse_other_destinations(checked.broker, given, env)
+        # Logged when the relay starts, beside the other warnings of its settings.
+        misspelt = tuple(unknown_variables(env, VARIABLES))
+        self.settings = replace(checked, warnings=misspelt + checked.warnings) if misspelt else checked
         self._given: tuple[Given, ...] = given_settings(self.values, given, file, env)
         # Made here, so that a bad route or broker setting is refused before anything runs.
         self._publisher = publisher_for(self.settings.broker, self.values, self.settings.publish_limits)

@@ -8,16 +8,18 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import decimal
+import logging
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from relay import ConfigError, Event, Outbox, to_json
+from relay import ConfigError, Event, Outbox, Relay, to_json
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.helpers import sqlalchemy_url
+from tests.relay_process import assert_one_line_error, relay_env, run_relay, wait_until_async
 
 ROOT = Path(__file__).resolve().parent.parent
 # A database nobody answers for: a command that gets past its checks fails fast on it.
@@ -128,3 +130,94 @@ def test_nothing_is_written_when_a_payload_is_refused(db: Db, names: OutboxNames
             Outbox(names.table, names.schema).add(conn, Event("order", "A", "E", {"at": dt.datetime(2026, 1, 1)}))
         conn.commit()
     assert db.rows() == []
+
+
+# ---- settings: did-you-mean, another destination's settings, unknown variables
+
+
+def test_a_misspelt_relay_setting_gets_a_did_you_mean() -> None:
+    """Before: ``unknown relay setting 'worker'`` and nothing more, where the CLI offers --workers."""
+    with pytest.raises(ConfigError, match=r"^unknown relay setting 'worker' \(did you mean 'workers'\?\)"):
+        Relay(worker=2)
+    with pytest.raises(ConfigError, match=r"\(did you mean 'batch_size' or 'batch_bytes'\?\)"):
+        Relay(batch=2)
+    with pytest.raises(ConfigError, match=r"^unknown relay setting 'frobnicate': the settings are"):
+        Relay(frobnicate=2)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (
+            ["--broker", "rabbitmq", "--amqp-url", "amqp://guest:guest@127.0.0.1/", "--queue-url", "https://q"],
+            {},
+            "--queue-url is a setting of --broker sqs, not of --broker rabbitmq: remove it, or choose --broker sqs",
+        ),
+        (
+            ["--broker", "rabbitmq", "--amqp-url", "amqp://guest:guest@127.0.0.1/"],
+            {"RELAY_QUEUE_URL": "https://q"},
+            "RELAY_QUEUE_URL (--queue-url) is a setting of --broker sqs, not of --broker rabbitmq: unset it",
+        ),
+        (["--broker", "log", "--amqp-url", "amqp://u:pw@h/"], {}, "--amqp-url is a setting of --broker rabbitmq"),
+        (
+            ["--broker", "log"],
+            {"RELAY_REGION": "eu-west-1"},
+            "RELAY_REGION (--region) is a setting of --broker sns or --broker sqs, not of --broker log",
+        ),
+    ],
+)
+def test_start_refuses_a_setting_of_another_destination(args: list[str], env: dict[str, str], needle: str) -> None:
+    """Before: --queue-url with --broker rabbitmq was accepted and ignored."""
+    proc = run_relay("start", "--dsn", NOWHERE, *args, env=relay_env(**env))
+    assert_one_line_error(proc, needle)
+
+
+def test_replay_and_the_python_api_refuse_it_too_and_the_config_file_may_hold_every_broker(tmp_path: Path) -> None:
+    proc = run_relay("replay", "--dsn", NOWHERE, "--broker", "log", "--from-id", "1", "--exchange", "orders")
+    assert_one_line_error(proc, "--exchange is a setting of --broker rabbitmq, not of --broker log")
+    with pytest.raises(ConfigError, match=r"^--queue-url is a setting of --broker sqs, not of --broker rabbitmq"):
+        Relay(dsn=NOWHERE, broker="rabbitmq", amqp_url="amqp://guest:guest@h/", queue_url="https://q")
+    with pytest.raises(ConfigError, match=r"^RELAY_EXCHANGE \(--exchange\) is a setting of --broker rabbitmq"):
+        Relay(dsn=NOWHERE, broker="log", environ={"RELAY_EXCHANGE": "orders"})
+    # SQS and SNS share a relay through routes: each takes the other's settings.
+    Relay(dsn=NOWHERE, broker="sqs", queue_url="https://sqs.eu-west-1.amazonaws.com/1/q", topic_arn="arn:x")
+    # One file for several relays, each choosing its broker: only the chosen table is read.
+    config = tmp_path / "relay.toml"
+    config.write_text('[sqs]\nqueue_url = "https://sqs.eu-west-1.amazonaws.com/1/q"\n[rabbitmq]\nexchange = "x"\n')
+    Relay(dsn=NOWHERE, broker="log", config=str(config))
+
+
+def test_a_misspelt_variable_is_warned_about_with_the_name_it_resembles(tmp_path: Path) -> None:
+    """Before: RELAY_WORKER=3 was ignored without a word, and the relay ran 4 workers."""
+    proc = run_relay("status", "--dsn", NOWHERE, env=relay_env(RELAY_WORKER="3", RELAY_SCHEME="sales"))
+    assert proc.returncode == 2
+    warnings = [line for line in proc.stderr.splitlines() if " WARNING " in line]
+    assert [w.split(": ", 1)[1] for w in warnings] == [
+        "RELAY_SCHEME is set, but no setting of the relay has that name: it is ignored (did you mean RELAY_SCHEMA?)",
+        "RELAY_WORKER is set, but no setting of the relay has that name: it is ignored (did you mean RELAY_WORKERS?)",
+    ]
+    assert "sales" not in proc.stderr  # a value is never shown: it may be a secret
+    relay = Relay(dsn=NOWHERE, broker="log", environ={"RELAY_WORKER": "3", "RELAY_TEST_DSN": "x"})
+    assert relay.settings.workers == 4
+    assert relay.settings.warnings == (
+        "RELAY_WORKER is set, but no setting of the relay has that name: it is ignored (did you mean RELAY_WORKERS?)",
+    )
+
+
+async def test_relay_start_logs_the_unknown_variable_when_it_starts(
+    relay_dsn: str, names: OutboxNames, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    environ = {"RELAY_DSN": relay_dsn, "RELAY_SCHEMA": names.schema, "RELAY_BROKER": "log", "RELAY_WORKER": "3"}
+    async with Relay(environ=environ):
+        assert await wait_until_async(lambda: "relay started" in caplog.text)
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING and "RELAY_WORKER" in r.getMessage()]
+    assert "did you mean RELAY_WORKERS?" in warning.getMessage()
+
+
+def test_every_variable_a_command_reads_is_known() -> None:
+    from relay.cli.common import ALL_OPTIONS
+    from relay.cli.console import TOKEN_ENV
+    from relay.wiring import VARIABLES
+
+    assert {o.env for o in ALL_OPTIONS} | {TOKEN_ENV, "RELAY_CONFIG"} <= VARIABLES
