@@ -14,8 +14,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from relay import ConfigError, Event, Outbox, Relay, to_json
+from relay.dsn import describe_dsn
 from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.helpers import sqlalchemy_url
@@ -221,3 +223,55 @@ def test_every_variable_a_command_reads_is_known() -> None:
     from relay.wiring import VARIABLES
 
     assert {o.env for o in ALL_OPTIONS} | {TOKEN_ENV, "RELAY_CONFIG"} <= VARIABLES
+
+
+# ---- a Unix-socket DSN
+
+
+def test_a_unix_socket_dsn_is_described_as_its_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: ``dbname=app`` (libpq's default socket) was described as ``host localhost:5432``,
+    and ``host=/var/run/postgresql`` as ``host /var/run/postgresql:5432``."""
+    monkeypatch.delenv("PGHOST", raising=False)
+    monkeypatch.delenv("PGHOSTADDR", raising=False)
+    monkeypatch.delenv("PGPORT", raising=False)
+    assert describe_dsn("dbname=app user=relay") == (
+        "socket .s.PGSQL.5432 (libpq's default directory) database 'app' user 'relay'"
+    )
+    assert (
+        describe_dsn("postgresql:///app?port=6432") == "socket .s.PGSQL.6432 (libpq's default directory) database 'app'"
+    )
+    assert describe_dsn("host=/var/run/postgresql dbname=app") == (
+        "socket /var/run/postgresql/.s.PGSQL.5432 database 'app'"
+    )
+    assert (
+        describe_dsn("postgresql://relay@%2Ftmp%2F:5433/app") == "socket /tmp/.s.PGSQL.5433 database 'app' user 'relay'"
+    )
+    assert describe_dsn("host=/tmp,db.example port=5433 dbname=app") == (
+        "servers /tmp/.s.PGSQL.5433,db.example:5433 database 'app'"
+    )
+    monkeypatch.setenv("PGHOST", "/run/pg")
+    assert describe_dsn("dbname=app") == "socket /run/pg/.s.PGSQL.5432 database 'app'"
+
+
+def test_the_error_and_relay_status_name_the_socket(pg_dsn: str, db: Db) -> None:
+    proc = run_relay("status", "--dsn", "host=/nonexistent/dir port=5499 dbname=orders user=relay")
+    assert_one_line_error(
+        proc, "cannot connect to PostgreSQL at socket /nonexistent/dir/.s.PGSQL.5499 database 'orders' user 'relay'"
+    )
+    proc = run_relay("status", "--dsn", "port=1 dbname=orders user=relay", env={**relay_env(), "PGHOST": ""})
+    assert_one_line_error(proc, "cannot connect to PostgreSQL at socket .s.PGSQL.1 (libpq's default directory)")
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT current_setting('unix_socket_directories')").fetchone()
+    directory = (row[0] if row else "").split(",")[0].strip()
+    params = conninfo_to_dict(pg_dsn)
+    if not directory.startswith("/") or params.get("host", "127.0.0.1") not in ("127.0.0.1", "localhost", "::1"):
+        pytest.skip("the test server has no Unix socket on this machine")
+    socket_dsn = make_conninfo(pg_dsn, host=directory)
+    proc = run_relay("status", "--dsn", socket_dsn, "--schema", db.names.schema)
+    if proc.returncode != 0 and "authentication" in proc.stderr:
+        pytest.skip(f"the test server refuses socket logins: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    port = params.get("port", "5432")
+    assert f"socket {directory.rstrip('/')}/.s.PGSQL.{port} database" in proc.stdout, proc.stdout
+    assert "localhost" not in proc.stdout
