@@ -9,6 +9,8 @@ import dataclasses
 import datetime as dt
 import decimal
 import logging
+import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +277,47 @@ def test_the_error_and_relay_status_name_the_socket(pg_dsn: str, db: Db) -> None
     port = params.get("port", "5432")
     assert f"socket {directory.rstrip('/')}/.s.PGSQL.{port} database" in proc.stdout, proc.stdout
     assert "localhost" not in proc.stdout
+
+
+# ---- installing
+
+
+def _version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/install.md"])
+def test_the_install_lines_say_how_to_install_from_a_clone_or_a_wheel(page: str) -> None:
+    """Before: only ``pip install 'outbox-relay[sqs]'``, which fails where the index lacks the project."""
+    text = (ROOT / page).read_text()
+    assert "pip install '.[sqs]'" in text  # from a clone
+    assert "pip wheel --no-deps . -w dist" in text
+    assert f"pip install './dist/outbox_relay-{_version()}-py3-none-any.whl[sqs]'" in text
+
+
+def _doc_files() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "Containerfile", ROOT / "Makefile", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_every_docker_build_command_names_the_containerfile() -> None:
+    """Before: ``docker build -t outbox-relay .``, which looks for a Dockerfile and finds none."""
+    commands = [
+        (path.name, match.group(0))
+        for path in _doc_files()
+        for match in re.finditer(r"docker build\b[^`\n#]*\s\.(?=[\s`]|$)", path.read_text())
+    ]
+    assert len(commands) >= 3, commands
+    assert [c for c in commands if "-f Containerfile" not in c[1]] == []
+
+
+def test_where_the_extras_are_listed_all_is_said_to_be_the_brokers_only() -> None:
+    """[all] installs every broker's SDK, not the console or OpenTelemetry: each page that
+    offers [all] says so."""
+    pages = [path for path in _doc_files() if path.suffix == ".md" and "or [all]" in path.read_text()]
+    assert {p.name for p in pages} >= {"README.md", "install.md"}
+    for page in pages:
+        text = page.read_text()
+        assert "`console` and `otel` are" in text and "outbox-relay[all,console,otel]" in text, page
+    # What the pages say is still so: [all] holds neither the console's jinja2 nor OpenTelemetry.
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not [dep for dep in extras["all"] if dep.startswith(("jinja2", "opentelemetry"))]
