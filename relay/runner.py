@@ -132,7 +132,7 @@ async def run_relay(
         stop,
         "connecting to PostgreSQL",
         open_pool(settings.dsn, size=settings.workers + 1, limits=settings.session),
-        discard=lambda p: p.close(timeout=STOPPED_POOL_CLOSE_S),
+        discard=lambda p: _close_pool(p, quiet, abandoned=True),
     )
     if pool is None:
         return RunResult(stats=[])

@@ -166,6 +166,41 @@ async def test_cancelling_the_task_of_an_async_with_block_stops_the_relay_cleanl
     assert len(await rabbit.drain(queue, 20)) == 20
 
 
+async def test_cancelling_the_start_while_the_broker_never_answers_leaves_nothing_running(
+    pg_dsn: str, relay_dsn: str, roles: Roles, names: OutboxNames
+) -> None:
+    """The task running ``Relay.run()`` cancelled (a timeout around an application's start-up)
+    while the relay waits for a broker that accepts the connection and never answers."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.read()  # until the client goes
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    before = asyncio.all_tasks()
+    relay = rabbit_relay(relay_dsn, names, f"amqp://guest:guest@127.0.0.1:{port}/", "events")
+    try:
+        starting = asyncio.create_task(relay.run())
+        assert await wait_until_async(lambda: bool(held), timeout=20)  # connecting to it now
+        await asyncio.sleep(0.3)
+        cancelled_at = asyncio.get_running_loop().time()
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        took = asyncio.get_running_loop().time() - cancelled_at
+        await settle()
+        assert left_behind(before) == []
+        assert took < 3, f"the cancel took {took:.1f}s"  # not the 3 x 5 s of connect attempts
+        assert await wait_until_async(lambda: relay_sessions(pg_dsn, roles.relay) == 0, timeout=5)
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
 # ---- start-up: connected and checked, or the reason
 
 
