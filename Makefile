@@ -92,7 +92,7 @@ test: bytecode
 
 # The container image (Containerfile): `make image` builds it here with buildah on a
 # debootstrap base (root, Debian's buildah and debootstrap; scripts/image.sh), `make wheels`
-# makes dist/wheels for a `docker build .` elsewhere, `make image-test` builds and runs it
+# makes dist/wheels for a `docker build -f Containerfile .` elsewhere, `make image-test` builds and runs it
 # against this machine's PostgreSQL and RabbitMQ (tests/test_image.py; .ci/run runs it).
 IMAGE ?= localhost/outbox-relay:latest
 image: venv

@@ -209,7 +209,8 @@ def describe_url(url: str) -> str:
 
 def describe_dsn(dsn: str) -> str:
     """``host H:P database 'D' user 'U'`` for messages (``hosts H1:P1,H2:P2 ...`` for a
-    multi-host DSN, each host with its own port), or a ConfigError saying what is
+    multi-host DSN, each host with its own port; ``socket /dir/.s.PGSQL.P`` for a Unix
+    socket, as libpq names it), or a ConfigError saying what is
     wrong with a malformed DSN. Neither ever quotes the DSN: the parser's own message can,
     and a password with an unencoded ``/`` or ``@`` gets parsed as the host, the port or
     the database, so each part is checked before it is shown."""
@@ -223,10 +224,12 @@ def describe_dsn(dsn: str) -> str:
     dbname = escape(clip(str(params.get("dbname") or params.get("user") or "(default)"), 200))
     user = f" user {escape(clip(str(params['user']), 100))!r}" if params.get("user") else ""
     servers = _servers(params)
-    shown = ",".join(servers[:MAX_SHOWN_SERVERS])
+    shown = ",".join(where for where, _ in servers[:MAX_SHOWN_SERVERS])
     if len(servers) > MAX_SHOWN_SERVERS:
         shown += f",... ({len(servers)} in all)"
-    return f"{'host' if len(servers) == 1 else 'hosts'} {shown} database {dbname!r}{user}"
+    sockets = sum(1 for _, socket in servers if socket)
+    kind = "socket" if sockets == len(servers) else "host" if not sockets else "server"
+    return f"{kind}{'' if len(servers) == 1 else 's'} {shown} database {dbname!r}{user}"
 
 
 # Servers a description names before it says how many there are in all: a DSN lists a
@@ -234,12 +237,15 @@ def describe_dsn(dsn: str) -> str:
 MAX_SHOWN_SERVERS = 10
 
 
-def _servers(params: Mapping[str, Any]) -> list[str]:
+def _servers(params: Mapping[str, Any]) -> list[tuple[str, bool]]:
     """Each server a multi-host DSN names, as libpq pairs them: the i-th host with the i-th
     hostaddr and the i-th port (or the one port, for every host), each part absent from the
     DSN taken from libpq's environment (PGHOST, PGHOSTADDR, PGPORT) as libpq takes it.
-    ``host:port``, ``[ipv6]:port``, ``/socket/dir:port``; ``name:port (hostaddr A)`` where
-    both are given (libpq connects to A and authenticates as name)."""
+    ``host:port``, ``[ipv6]:port``; ``name:port (hostaddr A)`` where both are given (libpq
+    connects to A and authenticates as name); and whether it is a Unix socket, which libpq
+    names ``/socket/dir/.s.PGSQL.port``. With neither host nor hostaddr, libpq connects to
+    the socket in the directory it was built with (PostgreSQL's default for the build, not
+    known before connecting), except on Windows, where it connects to localhost."""
     hosts, addrs, ports = (_listed(params, key) for key in ("host", "hostaddr", "port"))
     count = len(hosts) or len(addrs) or 1
     if hosts and addrs and len(hosts) != len(addrs):
@@ -259,8 +265,15 @@ def _servers(params: Mapping[str, Any]) -> list[str]:
             raise ConfigError(f"invalid --dsn: the hostaddr is not an IP address: {ENCODE_HINT}")
         if not _PORT.fullmatch(port):
             raise ConfigError(f"invalid --dsn: the port is not a number: {ENCODE_HINT}")
-        where = f"{_bracketed(host or addr or 'localhost')}:{port}"
-        servers.append(escape(f"{where} (hostaddr {addr})" if host and addr else where))
+        if addr:  # libpq connects to the address, over TCP, whatever the host says
+            where = f"{_bracketed(host or addr)}:{port}"
+            servers.append((escape(f"{where} (hostaddr {addr})" if host else where), False))
+        elif host and _SOCKET_DIR.fullmatch(host):
+            servers.append((escape(f"{host.rstrip('/')}/.s.PGSQL.{port}"), True))
+        elif host or os.name == "nt":
+            servers.append((escape(f"{_bracketed(host or 'localhost')}:{port}"), False))
+        else:
+            servers.append((f".s.PGSQL.{port} (libpq's default directory)", True))
     return servers
 
 

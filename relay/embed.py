@@ -15,11 +15,20 @@ as ``"30s"``; lists as lists), and go through the same validation: a bad one rai
 a config file are read only when asked (``environ=os.environ``, ``config="relay.toml"``).
 `relay start` itself runs through this class.
 
+Entering ``async with Relay(...)`` (or ``await relay.start()``) returns once the relay is
+connected to PostgreSQL and the broker and has checked the outbox's schema and the
+destinations, and raises the relay's one-line reason otherwise (:class:`relay.ConfigError`
+for a login the broker refuses or an outbox not migrated, ``DatabaseUnavailable`` for a
+database that cannot be reached), so an application's start-up fails with it.
+
 Leaving the ``async with`` (or :meth:`Relay.stop`) stops as SIGTERM stops `relay start`:
 the workers finish the batch in hand within ``shutdown_grace``; what is still publishing
-then is handed back without spending an attempt. An error that stops the relay (the
-outbox not migrated, a worker's bug) is raised from :meth:`run` and from the ``async
-with`` block's exit; :attr:`failed` tells meanwhile.
+then is handed back without spending an attempt. Cancelling the task that runs the relay
+(:meth:`run`, or the block's own task) stops it at once: every task it started ends, the
+rows in flight are handed back unspent, and the CancelledError goes on. An error that
+stops a started relay later (a worker's bug) is logged at ERROR when it happens, and
+raised from the ``async with`` block's exit (from :meth:`wait`); :attr:`failed` tells
+meanwhile.
 """
 
 from __future__ import annotations
@@ -27,16 +36,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
 from relay.config import RelaySettings
-from relay.errors import ConfigError
-from relay.options import check_file_keys, load_file, resolve
+from relay.dsn import mask
+from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
+from relay.options import check_file_keys, did_you_mean, load_file, resolve, unknown_variables
 from relay.shared_settings import Given, given_settings
 from relay.tracing import Tracing, tracing_for
-from relay.wiring import START_ALL, publisher_for
+from relay.wiring import START_ALL, VARIABLES, publisher_for, refuse_other_destinations
 
 __all__ = ["Relay"]
 
@@ -68,25 +79,35 @@ class Relay:
     def __init__(self, *, environ: Mapping[str, str] | None = None, config: str | None = None, **settings: Any) -> None:
         unknown = sorted(set(settings) - set(_KNOWN))
         if unknown:
-            raise ConfigError(f"unknown relay setting {unknown[0]!r} (the options of `relay start`, without dashes)")
+            raise ConfigError(
+                f"unknown relay setting {shown(unknown[0])}{did_you_mean(unknown[0], _KNOWN)}:"
+                " the settings are `relay start`'s options, named without the dashes"
+            )
         given = {name: _raw(name, value) for name, value in settings.items() if value is not None}
         file = load_file(config)
         if config:
             check_file_keys(file, START_ALL, config)
         env = dict(environ or {})
         self.values = resolve(START_ALL, given, file, env)
-        self.settings = RelaySettings.from_values(self.values)
+        checked = RelaySettings.from_values(self.values)
+        refuse_other_destinations(checked.broker, given, env)
+        # Logged when the relay starts, beside the other warnings of its settings.
+        misspelt = tuple(unknown_variables(env, VARIABLES))
+        self.settings = replace(checked, warnings=misspelt + checked.warnings) if misspelt else checked
         self._given: tuple[Given, ...] = given_settings(self.values, given, file, env)
         # Made here, so that a bad route or broker setting is refused before anything runs.
         self._publisher = publisher_for(self.settings.broker, self.values, self.settings.publish_limits)
         self._tracing: Tracing = tracing_for(self.values, max_envelope_fields=_max_fields(self.settings.broker))
         self._ran = False
         self._stop = asyncio.Event()
+        # Set by the run once it is connected and checked (relay.runner.run_relay).
+        self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         """Deliver until :meth:`stop`; raises what stopped the relay otherwise. Once per
-        Relay (its broker connection is closed when it returns)."""
+        Relay (its broker connection is closed when it returns). Cancelling the task that
+        runs it stops the relay at once and cleanly (see the module's docstring)."""
         from relay.runner import Operations, run_relay
 
         if self._ran:
@@ -100,9 +121,49 @@ class Relay:
                 operate=Operations.from_values(self.values),
                 given=self._given,
                 tracing=self._tracing,
+                ready=self._ready,
             )
         finally:
             self._tracing.shutdown()  # the spans still buffered reach the collector
+
+    async def start(self) -> None:
+        """Run the relay as a task of the running event loop, and return once it is
+        connected to PostgreSQL and the broker and has checked the outbox and the
+        destinations (a destination that is missing is logged and waited for, not an
+        error). Raises what stopped it before that: a :class:`relay.ConfigError` (the
+        broker refused the login, the outbox is not migrated, ...) or a
+        ``DatabaseUnavailable``, each one line. Stop it with :meth:`stop` and
+        :meth:`wait`, or use ``async with``, which does all three."""
+        if self._task is not None:
+            raise RuntimeError("this Relay is already running")
+        names = self.settings.names
+        task = asyncio.get_running_loop().create_task(self.run(), name=f"outbox-relay {names.qualified}")
+        self._task = task
+        ready = asyncio.ensure_future(self._ready.wait())
+        try:
+            await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # The application's start-up was cancelled: the relay goes with it, cleanly.
+            self._task = None
+            task.cancel()
+            await asyncio.wait([task])
+            raise
+        finally:
+            ready.cancel()
+        if not self._ready.is_set():  # it ended before it was ready: raise why
+            self._task = None
+            task.result()  # what stopped it, or nothing when stop() came first
+            return
+        # From now on nobody awaits the task until the application stops it: an error
+        # would stay silent until then, so it is logged the moment it happens.
+        task.add_done_callback(_log_failure)
+
+    async def wait(self) -> None:
+        """Wait until a relay started with :meth:`start` has stopped (after :meth:`stop`,
+        or an error); raises the error that stopped it."""
+        task, self._task = self._task, None
+        if task is not None:
+            await task
 
     def stop(self) -> None:
         """Ask the relay to stop (as SIGTERM does `relay start`); :meth:`run` then returns."""
@@ -110,34 +171,45 @@ class Relay:
 
     @property
     def failed(self) -> BaseException | None:
-        """What stopped a relay started with ``async with``, while it is still inside it."""
+        """What stopped a relay started with ``async with`` or :meth:`start`, while it is
+        still inside it."""
         task = self._task
         if task is None or not task.done() or task.cancelled():
             return None
         return task.exception()
 
     async def __aenter__(self) -> Relay:
-        if self._task is not None:
-            raise RuntimeError("this Relay is already running")
-        self._task = asyncio.get_running_loop().create_task(self.run(), name="outbox-relay")
+        await self.start()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-        task, self._task = self._task, None
-        if task is None:
-            return
         try:
-            await task
+            await self.wait()
         except asyncio.CancelledError:
             raise
         except Exception:
             if exc is None:
                 raise
-            # The block's own exception goes on; the relay's is logged, not lost.
-            log.exception("the relay had stopped with an error")
+            # The block's own exception goes on; the relay's was logged when it happened.
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    """A started relay's error, logged when it stops the relay (masked: an application's
+    handlers may not mask as `relay start`'s do)."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is None:
+        return
+    expected = isinstance(error, ConfigError | DatabaseUnavailable)
+    log.error(
+        "the relay stopped: %s",
+        mask(first_line(error)) if expected else f"{type(error).__name__}: {mask(first_line(error))}",
+        exc_info=None if expected else error,
+    )
 
 
 def _max_fields(broker: str) -> int | None:

@@ -10,11 +10,12 @@ its adapter's settings module.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -299,3 +300,53 @@ def resolve(
         if o.secret and isinstance(values[o.dest], str):
             remember_secrets(values[o.dest])
     return values
+
+
+# A name is offered when it is this close to the one given (difflib's ratio, as click uses
+# with its 0.6); of several, those nearly as close as the closest (within the margin):
+# "worker" gets 'workers' (0.92), not also 'broker' (0.83).
+SIMILAR = 0.6
+SIMILAR_MARGIN = 0.05
+
+
+def did_you_mean(name: str, known: Iterable[str], *, quote: bool = True, prefix: str = "") -> str:
+    """`` (did you mean 'workers'?)`` for the names of ``known`` closest to ``name``, or
+    ``''`` when none is close. ``quote=False`` for names that need no quotes (environment
+    variables); a ``prefix`` they all share is left out of the comparison, where it would
+    make every pair look alike."""
+    matcher = difflib.SequenceMatcher()
+    matcher.set_seq2(name.removeprefix(prefix))
+    scored = []
+    for candidate in known:
+        matcher.set_seq1(candidate.removeprefix(prefix))
+        if matcher.real_quick_ratio() >= SIMILAR and matcher.quick_ratio() >= SIMILAR:
+            ratio = matcher.ratio()
+            if ratio >= SIMILAR:
+                scored.append((ratio, candidate))
+    if not scored:
+        return ""
+    best = max(ratio for ratio, _ in scored)
+    close = [repr(c) if quote else c for ratio, c in sorted(scored, reverse=True) if ratio >= best - SIMILAR_MARGIN]
+    if len(close) == 1:
+        return f" (did you mean {close[0]}?)"
+    return f" (did you mean {', '.join(close[:-1])} or {close[-1]}?)"
+
+
+# RELAY_* variables of the test suite (tests/services.py): passed to the relays it starts,
+# read by no relay.
+TEST_VARIABLES_PREFIX = "RELAY_TEST_"
+_VARIABLE_NAME = re.compile(r"[A-Z0-9_]{1,100}")
+
+
+def unknown_variables(env: Mapping[str, str], known: Collection[str]) -> list[str]:
+    """A warning line for each ``RELAY_*`` variable of ``env`` that is not in ``known``
+    (every variable some command reads): a misspelt ``RELAY_WORKER=3`` would otherwise
+    mean "the default", silently. The value is never quoted: it may be a secret."""
+    lines = []
+    for name in sorted(env):
+        if not name.startswith("RELAY_") or name in known or name.startswith(TEST_VARIABLES_PREFIX):
+            continue
+        hint = did_you_mean(name, known, quote=False, prefix="RELAY_")
+        named = name if _VARIABLE_NAME.fullmatch(name) else shown(name)
+        lines.append(f"{named} is set, but no setting of the relay has that name: it is ignored{hint}")
+    return lines

@@ -1,14 +1,22 @@
 """Runs a process's workers until told to stop, then drains them; and beside them the
-wake-up listener, the metrics endpoint, the gauge refresher and the scheduled prune."""
+wake-up listener, the metrics endpoint, the gauge refresher and the scheduled prune.
+
+A run owns every task it starts: whether it ends because it was told to stop, because a
+worker failed, or because the task running it was cancelled (an application shutting
+down the relay it embeds), it returns or raises only once each of them has ended, the
+rows in flight have been written or handed back, and then the broker connection and the
+pool are closed, in that order. So two runs in one process (two outboxes) never touch
+each other's tasks, and a run leaves nothing behind in the event loop.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -86,6 +94,7 @@ async def run_relay(
     operate: Operations | None = None,
     given: Sequence[Given] = (),
     tracing: Tracing | None = None,
+    ready: asyncio.Event | None = None,
 ) -> RunResult:
     """Dispatch with ``settings.workers`` workers until ``stop`` is set.
 
@@ -100,14 +109,30 @@ async def run_relay(
 
     ``tracing`` (relay.tracing) is the workers' spans; the caller shuts it down.
 
+    ``ready`` is set once the relay is connected to PostgreSQL and the broker, has checked
+    the schema and the destinations, and its workers start: what an embedding application
+    waits for (relay.embed). Whatever stops the start-up before that is raised.
+
     ``stop`` is honoured at every step of the start-up too (connecting to the database,
     checking the schema, connecting to the broker, checking the destinations): whatever
     that step is waiting for is abandoned, and the run returns with no stats.
+
+    Cancelling the task that runs this stops the relay at once (:func:`_supervise`): every
+    task it started is cancelled and waited for, the rows in flight are handed back
+    without spending an attempt, the broker connection is closed once no worker can
+    publish any more, then the pool; then the CancelledError goes on.
     """
     operate = operate or Operations()
+    # This run's pool tasks inherit the flag (they are started in this context): see
+    # _QuietAbandonedPool.
+    quiet = _PoolQuiet()
+    _POOL_QUIET.set(quiet)
     # One connection per worker plus one spare: a worker holds at most one at a time.
     pool = await _unless_stopped(
-        stop, "connecting to PostgreSQL", open_pool(settings.dsn, size=settings.workers + 1, limits=settings.session)
+        stop,
+        "connecting to PostgreSQL",
+        open_pool(settings.dsn, size=settings.workers + 1, limits=settings.session),
+        discard=lambda p: _close_pool(p, quiet, abandoned=True),
     )
     if pool is None:
         return RunResult(stats=[])
@@ -128,11 +153,13 @@ async def run_relay(
                 return RunResult(stats=[])
             store = OutboxStore(pool, settings.names, settings.session)
             running = True
-            return await _run(settings, operate, publisher, store, stored, pool, stop, tracing, destinations)
+            return await _run(settings, operate, publisher, store, stored, pool, stop, tracing, destinations, ready)
         finally:
+            # Only now: every worker has ended (_run waits for them whatever ends it), so
+            # no publish is in flight that closing the connection would cut short.
             await publisher.close()
     finally:
-        await _close_pool(pool, abandoned=stop.is_set() and not running)
+        await _close_pool(pool, quiet, abandoned=stop.is_set() and not running)
 
 
 async def _started(publisher: Publisher) -> bool:
@@ -148,43 +175,84 @@ ABANDON_WAIT_S = 2.0
 STOPPED_POOL_CLOSE_S = 0.5
 
 
-async def _close_pool(pool: AsyncConnectionPool[Any], *, abandoned: bool) -> None:
+class _PoolQuiet:
+    """Whether this run's pool was abandoned during the start-up (see below)."""
+
+    abandoned = False
+
+
+_POOL_QUIET: ContextVar[_PoolQuiet | None] = ContextVar("relay_pool_quiet", default=None)
+
+
+class _QuietAbandonedPool(logging.Filter):
+    """Drops psycopg_pool's warnings about the connection attempts of a pool whose start-up
+    was stopped ("couldn't stop task", "error connecting"): the relay has said it stopped,
+    and the attempts end with the process. Only that run's: its pool's tasks were started
+    in its context, which holds its :class:`_PoolQuiet`, so another relay of the same
+    process (another outbox) keeps every warning of its own pool."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        quiet = _POOL_QUIET.get()
+        return quiet is None or not quiet.abandoned or record.levelno > logging.WARNING
+
+
+logging.getLogger("psycopg.pool").addFilter(_QuietAbandonedPool())
+
+
+async def _close_pool(pool: AsyncConnectionPool[Any], quiet: _PoolQuiet, *, abandoned: bool) -> None:
     """Close ``pool``; ``abandoned``: the start-up was stopped, perhaps with connection
     attempts still waiting for a server that does not answer."""
     if abandoned:
-        # The attempts abandoned here each end in a warning of psycopg_pool's ("couldn't
-        # stop task", "error connecting"), none of which an operator who stopped the relay
-        # needs: the process is exiting.
-        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+        quiet.abandoned = True
         await pool.close(timeout=STOPPED_POOL_CLOSE_S)
     else:
         await pool.close()
 
 
-async def _unless_stopped(stop: asyncio.Event, step: str, work: Coroutine[Any, Any, T]) -> T | None:
+async def _unless_stopped(
+    stop: asyncio.Event,
+    step: str,
+    work: Coroutine[Any, Any, T],
+    *,
+    discard: Callable[[T], Awaitable[None]] | None = None,
+) -> T | None:
     """``work``'s result, or None once ``stop`` is set first: the work is then cancelled
     (a connection attempt, a wait for the pool, a broker that never answers: start-up
-    steps hold nothing that a cancel could lose) and the stop logged with the step."""
+    steps hold nothing that a cancel could lose) and the stop logged with the step.
+
+    Cancelled itself (run_relay's task was), it cancels the work, waits for it as long as
+    after a stop, and raises; a result the work had made all the same is handed to
+    ``discard`` (a pool to close), so nothing the step opened outlives the run."""
     task = asyncio.ensure_future(work)
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # run_relay itself cancelled: the step goes with it
-        task.cancel()
+    except BaseException as exc:
+        if isinstance(exc, asyncio.CancelledError):
+            await _abandon_step(task, discard)
+        else:  # the process is going (SystemExit, KeyboardInterrupt): no time to wait
+            task.cancel()
         raise
     finally:
         stopping.cancel()
     if task.done():
         return task.result()
+    await _abandon_step(task, None)
+    log.info("stopped while %s; nothing was claimed", step)
+    return None
+
+
+async def _abandon_step(task: asyncio.Future[T], discard: Callable[[T], Awaitable[None]] | None) -> None:
     task.cancel()
     # Bounded: a client library that took the cancel for a failed attempt and went on
     # would otherwise hold the exit (aio-pika's robust connection did; its adapter closes it).
     await asyncio.wait([task], timeout=ABANDON_WAIT_S)
-    if task.done() and not task.cancelled():
-        with contextlib.suppress(Exception):
-            task.result()  # what it raised on the way out is moot now, but retrieved
-    log.info("stopped while %s; nothing was claimed", step)
-    return None
+    if not task.done() or task.cancelled():
+        return
+    # Retrieved even when it failed: what it raised on the way out is moot now, but
+    # asyncio would warn that it was never retrieved.
+    if task.exception() is None and discard is not None:
+        await discard(task.result())  # it had finished before the cancel reached it
 
 
 async def _prepare(
@@ -226,6 +294,7 @@ async def _run(
     stop: asyncio.Event,
     tracing: Tracing | None,
     destinations: Destinations,
+    ready: asyncio.Event | None,
 ) -> RunResult:
     metrics = None
     if operate.metrics_port is not None:
@@ -270,57 +339,70 @@ async def _run(
         )
         for owner, event in zip(owners, events, strict=True)
     ]
-    # A destination the start-up check did not find is looked at again until it is there.
-    background: list[asyncio.Task[None]] = [asyncio.create_task(destinations.watch(stop))]
+    background: list[asyncio.Task[None]] = []
     server: asyncio.Server | None = None
-    if metrics is not None and operate.metrics_port is not None:
-        from relay.httpd import all_ready, pool_check, serve
+    # Everything started from here on is stopped in the finally below, whatever ends the
+    # run: a metrics port that cannot be bound (after the destination watch has started),
+    # a worker's bug, or a cancel.
+    try:
+        # A destination the start-up check did not find is looked at again until it is there.
+        background.append(asyncio.create_task(destinations.watch(stop)))
+        if metrics is not None and operate.metrics_port is not None:
+            from relay.httpd import all_ready, pool_check, serve
 
-        async def broker_ready() -> tuple[bool, str]:
-            reason = not_ready(breaker, destinations)
-            if reason is not None:
-                return False, reason
-            return True, "broker and destinations accepting messages"
+            async def broker_ready() -> tuple[bool, str]:
+                reason = not_ready(breaker, destinations)
+                if reason is not None:
+                    return False, reason
+                return True, "broker and destinations accepting messages"
 
-        ready = all_ready(pool_check(pool, settings.names), broker_ready)
-        server = await serve(operate.metrics_port, metrics.registry, ready, host=operate.metrics_host)
-        log.info(
-            "metrics and health on %s:%d (/metrics, /healthz, /readyz)", operate.metrics_host, operate.metrics_port
-        )
-        background.append(
-            asyncio.create_task(
-                _every(stop, GAUGE_REFRESH_S, "gauge refresh", lambda: _refresh_gauges(metrics, pool, settings))
+            ready_check = all_ready(pool_check(pool, settings.names), broker_ready)
+            server = await serve(operate.metrics_port, metrics.registry, ready_check, host=operate.metrics_host)
+            log.info(
+                "metrics and health on %s:%d (/metrics, /healthz, /readyz)",
+                operate.metrics_host,
+                operate.metrics_port,
             )
-        )
-    # After the metrics server: a port that cannot be bound is refused before anything runs.
-    if presence is not None:
-        background.append(
-            asyncio.create_task(listen(settings.dsn, settings.names, events, stop, on_listening=presence.set_listening))
-        )
-        background.append(asyncio.create_task(presence.keep_alive(stop)))
-    if operate.prune_older_than is not None:
-        older_than = operate.prune_older_than
-        background.append(
-            asyncio.create_task(
-                _every(
-                    stop,
-                    operate.prune_interval.total_seconds(),
-                    "scheduled prune",
-                    lambda: _prune(settings, older_than, operate.prune_heads_idle_for),
+            background.append(
+                asyncio.create_task(
+                    _every(stop, GAUGE_REFRESH_S, "gauge refresh", lambda: _refresh_gauges(metrics, pool, settings))
                 )
             )
+        # After the metrics server: a port that cannot be bound is refused before anything runs.
+        if presence is not None:
+            background.append(
+                asyncio.create_task(
+                    listen(settings.dsn, settings.names, events, stop, on_listening=presence.set_listening)
+                )
+            )
+            background.append(asyncio.create_task(presence.keep_alive(stop)))
+        if operate.prune_older_than is not None:
+            older_than = operate.prune_older_than
+            background.append(
+                asyncio.create_task(
+                    _every(
+                        stop,
+                        operate.prune_interval.total_seconds(),
+                        "scheduled prune",
+                        lambda: _prune(settings, older_than, operate.prune_heads_idle_for),
+                    )
+                )
+            )
+        log.info(
+            "relay started: %d workers, broker %s, outbox %s, ordering %s (stored), wake-ups %s%s",
+            len(workers),
+            publisher.name,
+            settings.names.qualified,
+            stored.ordering.describe(),
+            "on" if listening else f"off (polling every {settings.worker.poll_interval.total_seconds():g}s)",
+            ", tracing on" if tracing is not None and tracing.enabled else "",
         )
-    log.info(
-        "relay started: %d workers, broker %s, outbox %s, ordering %s (stored), wake-ups %s%s",
-        len(workers),
-        publisher.name,
-        settings.names.qualified,
-        stored.ordering.describe(),
-        "on" if listening else f"off (polling every {settings.worker.poll_interval.total_seconds():g}s)",
-        ", tracing on" if tracing is not None and tracing.enabled else "",
-    )
-    try:
-        await _supervise([asyncio.create_task(w.run(stop)) for w in workers], stop, settings.shutdown_grace)
+        tasks = [
+            asyncio.create_task(w.run(stop), name=f"relay worker {w.owner} {settings.names.qualified}") for w in workers
+        ]
+        if ready is not None:
+            ready.set()
+        await _supervise(tasks, stop, settings.shutdown_grace)
     finally:
         for task in background:
             task.cancel()
@@ -366,21 +448,68 @@ async def _every(stop: asyncio.Event, seconds: float, what: str, job: Callable[[
         await sleep_unless_stopped(stop, seconds)
 
 
+# A cancelled run gives the workers this long (or --shutdown-grace, if shorter) to end on
+# their own before it cancels them: a claim or a finalize in progress takes milliseconds,
+# and cut short it would leave its rows leased (a claim whose answer was lost) or a
+# published batch unrecorded until the lease runs out. A publish still running after it
+# is cancelled, and its rows handed back. A cancel means "now": a second, not the grace.
+CANCEL_GRACE = timedelta(seconds=1)
+
+
 async def _supervise(tasks: Sequence[asyncio.Task[None]], stop: asyncio.Event, grace: timedelta) -> None:
+    """Wait for the workers; once ``stop`` is set or one of them fails, give them
+    ``grace`` to finish the batch in hand, then cancel the rest (their rows go back, attempt
+    refunded) and raise a worker's error, if there was one.
+
+    Cancelled itself, it stops at once: ``stop`` is set and the workers get
+    :data:`CANCEL_GRACE` at most. Either way it returns only once every worker has ended,
+    however often it is cancelled meanwhile (the pool and the broker connection are closed
+    next, and a worker still writing its rows back would find them gone); then the
+    CancelledError goes on."""
     stopping = asyncio.create_task(stop.wait())
+    cancel: asyncio.CancelledError | None = None
+    failed: list[BaseException] = []
     try:
-        done, _ = await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
-        failed = [t for t in done if t is not stopping and t.exception() is not None]
+        try:
+            done, _ = await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
+            failed = [e for t in done if t is not stopping and not t.cancelled() and (e := t.exception()) is not None]
+        except asyncio.CancelledError as exc:
+            cancel = exc
         stop.set()
-        if not failed:
+        if cancel is not None:
+            grace = min(grace, CANCEL_GRACE)
+            log.info("cancelled: stopping, the batches in hand get %gs", grace.total_seconds())
+        elif not failed:
             log.info("stopping: finishing the batches in hand (grace %gs)", grace.total_seconds())
-        _, pending = await asyncio.wait(tasks, timeout=grace.total_seconds())
+        try:
+            _, pending = await asyncio.wait(tasks, timeout=grace.total_seconds())
+        except asyncio.CancelledError as exc:  # cancelled during the grace: that was long enough
+            cancel = cancel or exc
+            pending = {t for t in tasks if not t.done()}
         for task in pending:
-            task.cancel()
+            # Each worker is cancelled once: a second cancel would interrupt the shielded
+            # write with which it hands its rows back, and leave that write running alone.
+            if not task.cancelling():
+                task.cancel()
         if pending:
             log.warning("grace period over: abandoned %d in-flight batches", len(pending))
-            await asyncio.wait(pending)
+            cancel = await _wait_for_all(pending) or cancel
+        if cancel is not None:
+            raise cancel
         if failed:
-            raise failed[0].exception()  # type: ignore[misc]
+            raise failed[0]
     finally:
         stopping.cancel()
+        await asyncio.gather(stopping, return_exceptions=True)
+
+
+async def _wait_for_all(tasks: Collection[asyncio.Task[None]]) -> asyncio.CancelledError | None:
+    """Wait until every one of ``tasks`` has ended, however often the caller is cancelled
+    meanwhile; the last such cancel, for the caller to raise once they have."""
+    cancel: asyncio.CancelledError | None = None
+    while not all(t.done() for t in tasks):
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError as exc:
+            cancel = exc
+    return cancel

@@ -7,17 +7,52 @@ broker is chosen).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from relay.adapters.registry import broker_options, create_publisher
-from relay.config import CORE_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS
+from relay.adapters.registry import broker_options, create_publisher, options_by_broker
+from relay.config import CORE_OPTIONS, GRANT_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS
 from relay.contract import Publisher, PublishLimits
-from relay.routes import ROUTES_OPTION, Router, default_destination, parse_routes, shown_destination
+from relay.errors import ConfigError
+from relay.options import source_of
+from relay.routes import FAMILIES, ROUTES_OPTION, Router, default_destination, parse_routes, shown_destination
 from relay.routing import RoutedPublisher
 
 BROKER_OPTIONS = broker_options()
 # Every option `relay start` takes (and relay.Relay): one list, one validation.
 START_ALL = (*CORE_OPTIONS, *START_OPTIONS, ROUTES_OPTION, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
+# Every RELAY_* variable some command reads: each option's (those of `relay start` and
+# `relay migrate`'s grants; the other commands take a subset), --config's RELAY_CONFIG,
+# and the console's token (relay.cli.console.TOKEN_ENV), which is no option: it never
+# goes through a flag. A variable not in here is reported (relay.options.unknown_variables).
+VARIABLES = frozenset({o.env for o in (*START_ALL, *GRANT_OPTIONS)} | {"RELAY_CONFIG", "RELAY_CONSOLE_TOKEN"})
+# The brokers whose adapters take each broker option (the AWS region: sqs and sns).
+_TAKEN_BY: dict[str, frozenset[str]] = {
+    o.dest: frozenset(b for b, own in options_by_broker().items() if o in own) for o in BROKER_OPTIONS
+}
+
+
+def refuse_other_destinations(broker: str, cli: Mapping[str, Any], env: Mapping[str, str]) -> None:
+    """Refuse an option of another broker's destination given on the command line (or to
+    ``Relay(...)``) or in a ``RELAY_*`` variable: ``--queue-url`` with ``--broker rabbitmq``
+    would be ignored, and the relay deliver somewhere its operator did not mean. The brokers
+    one relay may mix through its routes (SQS and SNS) take each other's options. A config
+    file is not held to it: one file may keep the tables of several brokers, and only the
+    chosen broker's is read."""
+    allowed = {broker, *FAMILIES.get(broker, ())}
+    for o in BROKER_OPTIONS:
+        owners = _TAKEN_BY[o.dest]
+        if owners & allowed:
+            continue
+        given = source_of(o, cli, {}, env)
+        if given is None:
+            continue
+        named = o.flag if given.source == "command line" else f"{given.source} ({o.flag})"
+        choose = " or ".join(f"--broker {b}" for b in sorted(owners))
+        raise ConfigError(
+            f"{named} is a setting of {choose}, not of --broker {broker}:"
+            f" {'remove' if given.source == 'command line' else 'unset'} it, or choose {choose}"
+        )
 
 
 def publisher_for(broker: str, values: dict[str, Any], limits: PublishLimits) -> Publisher:

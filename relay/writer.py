@@ -15,7 +15,8 @@ type is ordered); ``add_async``/``add_many_async`` are the same for asyncio conn
 Each refuses a connection outside a transaction (:class:`relay.NotInTransaction`) and
 returns the events' ids.
 
-Payloads become JSON (:func:`to_json`). Headers are the producer headers of docs/concepts/producers.md
+Payloads become JSON (:func:`to_json`); a value it cannot encode (a naive ``datetime``
+among them) is refused with the path to it. Headers are the producer headers of docs/concepts/producers.md
 ("Producer headers"): names and values are checked when written, as the relay checks them
 when it claims, so a mistake fails in the producer, not later as a dead message. When
 OpenTelemetry is installed and a span is current, its W3C trace context (``traceparent``,
@@ -38,6 +39,7 @@ from typing import Any
 from psycopg import sql
 
 from relay._transactions import async_runner, sync_runner
+from relay.errors import ConfigError, shown
 from relay.message import producer_headers
 from relay.sqlnames import OutboxNames
 
@@ -75,7 +77,16 @@ def _default(value: Any) -> Any:
     dump = getattr(value, "model_dump", None)  # pydantic 2
     if callable(dump):
         return dump(mode="json")
-    if isinstance(value, dt.datetime | dt.date | dt.time):
+    if isinstance(value, dt.datetime):
+        if value.utcoffset() is None:
+            # Written without its zone, it would be read back as UTC by one consumer and as
+            # local time by another: not the instant the producer meant.
+            raise TypeError(
+                "a datetime without a time zone names no instant: give it one"
+                " (datetime.now(timezone.utc), or .replace(tzinfo=...) for a local time)"
+            )
+        return value.isoformat()
+    if isinstance(value, dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, uuid.UUID):
         return str(value)
@@ -94,10 +105,74 @@ _ENCODER = json.JSONEncoder(default=_default, ensure_ascii=False, allow_nan=Fals
 def to_json(payload: Any) -> str:
     """The payload as JSON text: dicts, lists, strings, numbers, booleans and None as
     themselves; dataclasses as objects of their fields; pydantic models by
-    ``model_dump(mode="json")``; datetime, date and time in ISO 8601; UUID and Decimal as
-    strings; enums by their value. Anything else raises TypeError, as do NaN and infinity
-    (PostgreSQL's jsonb refuses them)."""
-    return _ENCODER.encode(payload)
+    ``model_dump(mode="json")``; datetime (with its time zone), date and time in ISO 8601;
+    UUID and Decimal as strings; enums by their value. Anything else raises TypeError, as
+    does a datetime without a time zone, and NaN and infinity raise ValueError (PostgreSQL's
+    jsonb refuses them); the message starts with the path to the value
+    (``payload['lines'][0].price: cannot encode Money as JSON``)."""
+    try:
+        return _ENCODER.encode(payload)
+    except RecursionError:
+        raise ValueError("payload: nested too deeply to encode as JSON") from None
+    except (TypeError, ValueError) as exc:
+        error = TypeError if isinstance(exc, TypeError) else ValueError
+        raise error(f"{_where(payload)}: {exc}") from None
+
+
+# Path to a value that cannot be encoded: what a message shows of it at most.
+MAX_PATH_CHARS = 200
+_KEY_TYPES = (str, int, float, bool, type(None))
+
+
+def _where(payload: Any) -> str:
+    """The path from ``payload`` to the value the encoder refused (``payload['lines'][0].price``).
+    Only called once encoding failed: it walks down the one branch that fails, encoding the
+    children of each node until one does not encode, without recursion (however deep the
+    payload) and stopping at a circular reference."""
+    path = ["payload"]
+    node = payload
+    on_path: set[int] = set()
+    while True:
+        if id(node) in on_path:
+            path.append(" (a circular reference)")
+            break
+        on_path.add(id(node))
+        children = _children(node)
+        if isinstance(children, str):  # a dict key of a type JSON has no name for
+            path.append(children)
+            break
+        culprit = next(((step, child) for step, child in children if not _encodes(child)), None)
+        if culprit is None:
+            break  # the node itself (a leaf, or what it was converted to)
+        path.append(culprit[0])
+        node = culprit[1]
+    text = "".join(path)
+    if len(text) > MAX_PATH_CHARS:
+        text = f"{text[: MAX_PATH_CHARS // 4]}...{text[-MAX_PATH_CHARS // 2 :]}"
+    return text
+
+
+def _children(node: Any) -> list[tuple[str, Any]] | str:
+    """The values inside ``node`` as the encoder reaches them, each with its step of the
+    path; or the step naming a key the encoder refuses."""
+    if isinstance(node, dict):
+        for key in node:
+            if not isinstance(key, _KEY_TYPES):
+                return f", the key {shown(key)}"
+        return [(f"[{shown(key)}]", value) for key, value in node.items()]
+    if isinstance(node, list | tuple):
+        return [(f"[{i}]", value) for i, value in enumerate(node)]
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return [(f".{f.name}", getattr(node, f.name)) for f in dataclasses.fields(node)]
+    return []  # a pydantic model (its own serializer decides), or a leaf
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        _ENCODER.encode(value)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def _trace_headers() -> dict[str, str]:
@@ -198,11 +273,16 @@ class Outbox:
         return self.add_many(conn, [event])[0]
 
     def add_many(self, conn: Any, events: Iterable[Event]) -> list[uuid.UUID]:
-        """Add ``events`` in one statement, in the order given; their ids."""
+        """Add ``events`` in one statement, in the order given; their ids. An outbox
+        that does not exist raises :class:`relay.ConfigError` saying to run `relay migrate`."""
         run = sync_runner(conn)
         statement, params, ids = self._statement(events)
         if ids:
-            run(statement, params)
+            try:
+                run(statement, params)
+            except Exception as exc:
+                self._explain(exc)
+                raise
         return ids
 
     async def add_async(self, conn: Any, event: Event) -> uuid.UUID:
@@ -215,5 +295,40 @@ class Outbox:
         run = async_runner(conn)
         statement, params, ids = self._statement(events)
         if ids:
-            await run(statement, params)
+            try:
+                await run(statement, params)
+            except Exception as exc:
+                self._explain(exc)
+                raise
         return ids
+
+    def _explain(self, exc: Exception) -> None:
+        """Raise a ConfigError naming the fix when ``exc`` says the outbox table is not there
+        (PostgreSQL's 42P01, as psycopg, SQLAlchemy or Django raise it); else return."""
+        if _missing_relation(exc):
+            raise ConfigError(
+                f"outbox {self.names.qualified} does not exist in this database: run `relay migrate`"
+                f" (with --schema and --table as given to Outbox) first"
+            ) from exc
+
+
+# PostgreSQL's SQLSTATE for a table (or its schema, when the name is qualified) that does not exist.
+UNDEFINED_TABLE = "42P01"
+
+
+def _missing_relation(exc: BaseException) -> bool:
+    """Whether ``exc`` or the driver error it wraps (SQLAlchemy's ``orig``, Django's cause)
+    is PostgreSQL's undefined_table, whichever driver raised it (psycopg and asyncpg name
+    it ``sqlstate``, psycopg2 ``pgcode``)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        error = todo.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if UNDEFINED_TABLE in (getattr(error, "sqlstate", None), getattr(error, "pgcode", None)):
+            return True
+        orig = getattr(error, "orig", None)
+        todo += [orig if isinstance(orig, BaseException) else None, error.__cause__, error.__context__]
+    return False

@@ -237,7 +237,7 @@ def test_describe_dsn_names_the_parts_of_a_good_dsn() -> None:
     assert describe_dsn("postgresql://alice:pw@db.example.com:5433/orders") == (
         "host db.example.com:5433 database 'orders' user 'alice'"
     )
-    assert describe_dsn("host=/var/run/postgresql dbname=x") == "host /var/run/postgresql:5432 database 'x'"
+    assert describe_dsn("host=/var/run/postgresql dbname=x") == "socket /var/run/postgresql/.s.PGSQL.5432 database 'x'"
     assert describe_dsn("postgresql://u@h/orders?user=me@server") == "host h:5432 database 'orders' user 'me@server'"
     # A ':' in the password is fine: the first one ends the user name.
     assert describe_dsn("postgresql://postgres:S3cr3t:PW_xyz@127.0.0.1/db") == (
@@ -255,7 +255,10 @@ def test_describe_dsn_names_the_parts_of_a_good_dsn() -> None:
         # "host 127.0.0.1,127.0.0.1:33085,34193").
         ("postgresql://alice:S3cr3tPW@127.0.0.1:33085,127.0.0.1:34193/db", "hosts 127.0.0.1:33085,127.0.0.1:34193"),
         ("host=a,b,c port=1,,3 password=S3cr3tPW dbname=db", "hosts a:1,b:5432,c:3"),  # an empty port: the default
-        ("host=/var/run/postgresql,/tmp password=S3cr3tPW dbname=db", "hosts /var/run/postgresql:5432,/tmp:5432"),
+        (
+            "host=/var/run/postgresql,/tmp password=S3cr3tPW dbname=db",
+            "sockets /var/run/postgresql/.s.PGSQL.5432,/tmp/.s.PGSQL.5432",
+        ),
         ("hostaddr=10.0.0.7 port=6432 password=S3cr3tPW dbname=db", "host 10.0.0.7:6432"),
         ("host=db.example hostaddr=10.0.0.7 password=S3cr3tPW dbname=db", "host db.example:5432 (hostaddr 10.0.0.7)"),
         ("postgresql://alice:S3cr3tPW@[::1]:5433,[fe80::1%25eth0]/db", "hosts [::1]:5433,[fe80::1%eth0]:5432"),

@@ -8,8 +8,10 @@ Every command module imports this one and nothing imports a command module but
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import re
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -31,10 +33,10 @@ from relay.dsn import mask
 from relay.durations import format_bound
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
 from relay.ops.queries import Conn
-from relay.options import Option, check_file_keys, load_file, resolve
+from relay.options import Option, check_file_keys, load_file, resolve, unknown_variables
 from relay.routes import ROUTES_OPTION
 from relay.sqlnames import OutboxNames
-from relay.wiring import BROKER_OPTIONS, publisher_for
+from relay.wiring import BROKER_OPTIONS, VARIABLES, publisher_for
 
 # Every declared setting: the keys a config file may hold, whichever command reads it.
 ALL_OPTIONS = (
@@ -51,7 +53,9 @@ ALL_OPTIONS = (
 OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)
 _DIGITS = re.compile(r"[0-9]{1,19}")  # a count: ASCII digits, as ids (relay.ids)
 
-__all__ = ["ALL_OPTIONS", "BROKER_OPTIONS", "OPS_OPTIONS", "publisher_for"]
+__all__ = ["ALL_OPTIONS", "BROKER_OPTIONS", "OPS_OPTIONS", "configure_logging", "publisher_for"]
+
+log = logging.getLogger("relay.cli")
 
 T = TypeVar("T")
 F = Callable[..., Any]
@@ -104,10 +108,19 @@ def settings_for(options: Sequence[Option], cli_values: dict[str, Any]) -> dict[
     return resolve(options, cli_values, file)
 
 
+def configure_logging(values: Mapping[str, Any]) -> None:
+    """Logging as a command's ``--log-level`` and ``--log-format`` say; then a warning for
+    each RELAY_* variable that no command reads (`relay start` logs them when it starts,
+    relay.embed)."""
+    logs.configure(values["log_level"], values["log_format"])
+    for line in unknown_variables(os.environ, VARIABLES):
+        log.warning("%s", line)
+
+
 def ops_setup(cli_values: dict[str, Any]) -> tuple[str, OutboxNames]:
     """An operator command's values resolved and logging set up: its DSN and outbox."""
     values = settings_for(OPS_OPTIONS, cli_values)
-    logs.configure(values["log_level"], values["log_format"])
+    configure_logging(values)
     return require_dsn(values), names_from(values)
 
 

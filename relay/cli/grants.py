@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from relay import grants, logs
-from relay.cli.common import run, settings_for, with_conn, with_options
+from relay import grants
+from relay.cli.common import configure_logging, run, settings_for, with_conn, with_options
 from relay.config import CORE_OPTIONS, GRANT_OPTIONS, LOG_OPTIONS, names_from, require_dsn
 from relay.errors import ConfigError
 from relay.ops.queries import Conn
@@ -22,7 +22,7 @@ def grants_cmd(**cli_values: Any) -> None:
     """Print the GRANT statements for --grant-producer ROLE and --grant-relay ROLE (each
     repeatable; the roles must exist) on a migrated outbox. Nothing is changed."""
     values = settings_for(GRANTS_OPTIONS, cli_values)
-    logs.configure(values["log_level"], values["log_format"])
+    configure_logging(values)
     dsn, names = require_dsn(values), names_from(values)
     chosen = grants.grantees(values["grant_producer"] or (), values["grant_relay"] or ())
     if not chosen:

@@ -9,8 +9,8 @@ from typing import Any
 import click
 import psycopg
 
-from relay import grants, logs
-from relay.cli.common import settings_for, with_options
+from relay import grants
+from relay.cli.common import configure_logging, settings_for, with_options
 from relay.config import (
     CORE_OPTIONS,
     GRANT_OPTIONS,
@@ -49,7 +49,7 @@ def migrate_cmd(**cli_values: Any) -> None:
     what producers and relays need, and nothing more (`relay grants` prints the SQL instead).
     """
     values = settings_for(MIGRATE_OPTIONS, cli_values)
-    logs.configure(values["log_level"], values["log_format"])
+    configure_logging(values)
     dsn, names = require_dsn(values), names_from(values)
     given = any(values[o.dest] not in (None, ()) for o in ORDERING_OPTIONS)
     ordering = ordering_from(values) if given else None

@@ -20,13 +20,13 @@ from typing import Any
 import click
 import psycopg
 
-from relay import logs
 from relay.cli.common import (
     BROKER_OPTIONS,
     OPS_OPTIONS,
     AsciiInt,
     bounded_duration_option,
     check_text,
+    configure_logging,
     masked_first_line,
     ops_setup,
     run,
@@ -273,7 +273,7 @@ def release_cmd(
     if owner is None and not ids:
         raise click.UsageError("say whose leases to release: --owner OWNER or --ids 1,2,3 (`relay status` counts them)")
     values = settings_for(RELEASE_OPTIONS, cli_values)
-    logs.configure(values["log_level"], values["log_format"])
+    configure_logging(values)
     dsn, names = require_dsn(values), names_from(values)
     who = by or default_operator()
 

@@ -23,10 +23,17 @@ from typing import Any, TextIO
 
 import click
 
-from relay import logs
 from relay.adapters.registry import max_envelope_fields
 from relay.backoff import Backoff
-from relay.cli.common import BROKER_OPTIONS, check_text, publisher_for, run, settings_for, with_options
+from relay.cli.common import (
+    BROKER_OPTIONS,
+    check_text,
+    configure_logging,
+    publisher_for,
+    run,
+    settings_for,
+    with_options,
+)
 from relay.config import (
     CORE_OPTIONS,
     LOG_OPTIONS,
@@ -59,6 +66,7 @@ from relay.replay import (
 )
 from relay.routes import DEFAULT_DESTINATION, ROUTES_OPTION, destination_namer
 from relay.tracing import tracing_for
+from relay.wiring import refuse_other_destinations
 
 log = logging.getLogger("relay.replay")
 
@@ -186,11 +194,12 @@ def replay_cmd(
     run_id = check_run_id(run_id.strip()) if run_id is not None else new_run_id(now)
     per_second = _rate(rate)
     values = settings_for(REPLAY_OPTIONS, cli_values)
-    logs.configure(values["log_level"], values["log_format"])
+    configure_logging(values)
     dsn, names = require_dsn(values), names_from(values)
     broker = values.get("broker")
     if not broker:
         raise ConfigError(f"no broker chosen: pass --broker ({', '.join(BROKERS)}) or set RELAY_BROKER")
+    refuse_other_destinations(broker, cli_values, os.environ)
     if to_destination is not None:
         values = _only_to(values, broker, to_destination)
     limits = ReplayLimits(
