@@ -10,10 +10,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
@@ -30,6 +30,8 @@ from relay.tracing import NO_TRACING, Tracing
 from relay.wakeup import Presence
 
 log = logging.getLogger("relay.worker")
+
+T = TypeVar("T")
 
 # A worker that finds full batches runs the ingest and the reaper at most this often;
 # one that finds less runs them on every claim. Ten times a second per worker keeps new
@@ -210,10 +212,10 @@ class Worker:
                 # Nothing claimed ahead: write what is pending now (no publish to overlap
                 # it with), then claim as the unpipelined loop does.
                 with contextlib.suppress(*TRANSIENT_DB_ERRORS):
-                    # Shielded: a cancellation (shutdown) must not lose the write that
+                    # To its end: a cancellation (shutdown) must not lose the write that
                     # records what the broker has. If the database stays away for a whole
                     # lease, _finalize logs it and the rows return through their leases.
-                    await asyncio.shield(self._write(pending))
+                    await to_the_end(self._write(pending))
                 pending = Finished()
                 if stop.is_set():
                     return
@@ -226,7 +228,7 @@ class Worker:
                 # swallow it.
                 self.wakeup.clear()
                 try:
-                    batch, leased = await self._claim(limit=limit, probe=probe)
+                    batch, leased = await self._claim_to_the_end(limit=limit, probe=probe)
                     if db_failures:
                         log.info("database reachable again", extra={"worker": self.owner})
                     db_failures = 0
@@ -254,13 +256,13 @@ class Worker:
             decisions: list[Decision] | None = None
             try:
                 decisions = await self._publish_batch(batch)
-                following = await asyncio.shield(step)
+                following = await to_the_end(step)
             except asyncio.CancelledError:
                 # Shutdown past its grace period: hand back what was not published, and what
                 # was claimed ahead, attempts refunded, rather than leave the rows leased
                 # until their leases run out. A message the broker did get before the cancel
                 # is sent again: consumers de-duplicate by id.
-                await asyncio.shield(self._abandon(batch, decisions, step))
+                await to_the_end(self._abandon(batch, decisions, step))
                 raise
             if following is not None and (stop.is_set() or self.breaker.is_open):
                 # Stopping, or the broker has just refused a whole batch (ours or another
@@ -295,11 +297,11 @@ class Worker:
         try:
             decisions = await self._publish_batch(batch)
         except asyncio.CancelledError:
-            await asyncio.shield(self._abandon(batch, None, None))
+            await to_the_end(self._abandon(batch, None, None))
             raise
-        # Shielded: once the broker has the messages, a cancellation (shutdown) must not
+        # To its end: once the broker has the messages, a cancellation (shutdown) must not
         # lose the write that records it.
-        await asyncio.shield(self._write(Finished(decisions, oversize=batch.oversize)))
+        await to_the_end(self._write(Finished(decisions, oversize=batch.oversize)))
         return leased
 
     # ---- the steps of the loop
@@ -357,6 +359,21 @@ class Worker:
         finally:
             if done.oversize:
                 self.oversize.release(self.owner)
+
+    async def _claim_to_the_end(self, *, limit: int | None, probe: bool) -> tuple[Batch, int]:
+        """:meth:`_claim`, run to its end even when the worker is cancelled meanwhile (a
+        claim cut in flight could commit its lease while the worker never learns of it:
+        the rows would wait out their leases, an attempt spent); then its rows are handed
+        back unpublished, attempts refunded, and the cancel goes on."""
+        claiming = asyncio.ensure_future(self._claim(limit=limit, probe=probe))
+        try:
+            return await to_the_end(claiming)
+        except asyncio.CancelledError:
+            if claiming.done() and not claiming.cancelled() and claiming.exception() is None:
+                claimed, _ = claiming.result()
+                back = [Decision.released(m, RELEASED_AT_SHUTDOWN) for m in claimed.messages]
+                await to_the_end(self._write(Finished(back, oversize=claimed.oversize)))
+            raise
 
     async def _claim(
         self, *, limit: int | None = None, probe: bool = False, budget: int | None = None
@@ -572,6 +589,31 @@ class Worker:
         # WorkerStats has one counter per Decision kind, named as the kind.
         setattr(self.stats, d.kind, getattr(self.stats, d.kind) + 1)
         self.metrics.messages(d.message.event_type, d.kind)
+
+
+async def to_the_end(work: Awaitable[T]) -> T:
+    """``work``'s result, ``work`` run to its end even when the caller is cancelled meanwhile;
+    the cancel is raised once it has ended. For the writes that record what the broker has
+    or hand rows back: a plain ``asyncio.shield`` would let the worker end while the write
+    still runs, and the runner closes the pool once every worker has ended."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():  # the work itself was cancelled, not the caller
+                raise
+            cancelled = True
+        except BaseException:
+            break  # the work failed: its exception is raised below
+    if cancelled:
+        # The cancel wins over what the work raised (retrieved, so asyncio does not warn):
+        # a worker told to end must end, not retry a failed write.
+        if not task.cancelled():
+            task.exception()
+        raise asyncio.CancelledError
+    return task.result()
 
 
 def _log_unclassified(outcomes: Sequence[Outcome]) -> None:

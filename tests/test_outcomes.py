@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -233,3 +234,70 @@ async def test_lost_lease_is_logged_and_never_overwrites(
     assert worker.stats.lost_leases == 1
     [warning] = [r for r in caplog.records if "lost lease" in r.getMessage()]
     assert warning.outbox_id == oid and warning.lease_version == 1  # type: ignore[attr-defined]
+
+
+class _SlowAfterCommit(OutboxStore):
+    """A store whose claim returns only ``claim_hold_s`` after its transaction committed,
+    and whose finalize starts ``finalize_hold_s`` late: the moments at which a shutdown's cancel can
+    reach a worker between the database having done something and the worker knowing, or
+    between a publish and the write that records it."""
+
+    claim_hold_s = 1.0
+    finalize_hold_s = 0.0
+    claimed: asyncio.Event
+    finalizing: asyncio.Event
+
+    async def claim(self, **kwargs):  # type: ignore[no-untyped-def]
+        result = await super().claim(**kwargs)
+        if result.messages:
+            self.claimed.set()
+            await asyncio.sleep(self.claim_hold_s)
+        return result
+
+    async def finalize(self, decisions):  # type: ignore[no-untyped-def]
+        self.finalizing.set()
+        await asyncio.sleep(self.finalize_hold_s)
+        return await super().finalize(decisions)
+
+
+def _slow_store(store: OutboxStore) -> _SlowAfterCommit:
+    slow = _SlowAfterCommit(store.pool, store.names)
+    slow.claimed, slow.finalizing = asyncio.Event(), asyncio.Event()
+    return slow
+
+
+async def test_a_worker_cancelled_while_its_claim_commits_hands_the_rows_back(store: OutboxStore, db: Db) -> None:
+    """Cancelled after the claim committed but before it returned (a framework's shutdown):
+    the worker still learns what it leased and hands it back, attempts refunded, instead of
+    leaving the rows leased until the lease runs out (an attempt spent each)."""
+    db.insert([("a", "Ping", {}), ("b", "Ping", {})])
+    slow = _slow_store(store)
+    worker, pub = make_worker(slow)
+    task = asyncio.create_task(worker.run(asyncio.Event()))
+    await asyncio.wait_for(slow.claimed.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    rows = db.rows()
+    assert [(r["status"], r["attempts"]) for r in rows] == [("pending", 0), ("pending", 0)], rows
+    assert pub.attempts == []
+
+
+async def test_a_worker_cancelled_while_it_records_outcomes_ends_only_once_they_are_written(
+    store: OutboxStore, db: Db
+) -> None:
+    """The write of what the broker has is not abandoned to run on after the worker ended
+    (the runner closes the pool once every worker has ended)."""
+    db.insert([("a", "Ping", {}), ("b", "Ping", {})])
+    slow = _slow_store(store)
+    slow.claim_hold_s, slow.finalize_hold_s = 0.0, 0.5
+    worker, pub = make_worker(slow)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await asyncio.wait_for(slow.finalizing.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Nothing of the worker runs on: the rows are as the finalize left them, at once.
+    assert [r["status"] for r in db.rows()] == ["done", "done"]
+    assert len(pub.delivered) == 2
