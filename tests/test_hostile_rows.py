@@ -338,3 +338,36 @@ async def test_the_console_and_the_dead_list_show_every_hostile_row(
     listed = run_relay("dead", "list", "--dsn", relay_dsn, "--schema", db.names.schema, "--json", "--limit", "1000")
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert sorted(row["id"] for row in json.loads(listed.stdout)["messages"]) == sorted(ids)
+
+
+@pytest.mark.parametrize("harness", [s for s in TARGETS if s.name in ("rabbitmq", "sqs-standard")], indirect=True)
+async def test_an_error_no_rule_foresaw_while_building_one_message_is_that_messages_alone(
+    target: Target, store: OutboxStore, db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building one message's envelope raises something unforeseen (a library's error on a
+    value no test thought of, injected here as nothing real is known to do it): that
+    message goes to dead, its neighbours in the batch are delivered."""
+    rows = [ordinary(db, n) for n in range(5)]
+    culprit = rows[2].id
+    publisher = await target.make_publisher()
+
+    def breaking(build: Any) -> Any:
+        def wrapped(m: Any, *args: Any) -> Any:
+            if m.id == culprit:
+                raise UnicodeEncodeError("utf-8", "\udcff", 0, 1, "surrogates not allowed")
+            return build(m, *args)
+
+        return wrapped
+
+    if target.name == "rabbitmq":
+        import relay.adapters.rabbitmq.publisher as amqp
+
+        monkeypatch.setattr(amqp, "build", breaking(amqp.build))
+    else:
+        monkeypatch.setattr(publisher, "prepare", breaking(publisher.prepare))  # type: ignore[attr-defined]
+    await drain(worker_for(store, publisher, batch_size=10), db)
+    fates = {row.id: status for row, status in zip(rows, [db.row(r.id)["status"] for r in rows], strict=True)}
+    assert fates == {row.id: "dead" if row.id == culprit else "done" for row in rows}
+    assert "UnicodeEncodeError" in db.row(culprit)["last_error"]
+    arrived = await target.read_delivered(4)
+    assert sorted(d.outbox_id for d in arrived) == sorted(row.id for row in rows if row.id != culprit)

@@ -38,7 +38,8 @@ from relay.adapters.aws.entries import Entry, pack
 from relay.adapters.aws.settings import AwsSettings
 from relay.adapters.outage import OutageLog
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
-from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
+from relay.dsn import mask
+from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError, first_line
 from relay.message import OutboxMessage
 
 if TYPE_CHECKING:
@@ -262,7 +263,13 @@ class _BatchSend(Generic[C, R]):
         self.results: dict[int, Outcome] = {}
         self.entries: dict[int, Entry[R]] = {}
         for i, message in enumerate(batch):
-            prepared = publisher.prepare(message)
+            try:
+                prepared = publisher.prepare(message)
+            except Exception as exc:  # what this message's own fields make: its outcome alone
+                prepared = PermanentError(
+                    f"cannot make a {publisher.service} request entry of this message: {type(exc).__name__}:"
+                    f" {mask(first_line(exc))}"
+                )
             if isinstance(prepared, Entry):
                 self.entries[i] = prepared
             else:

@@ -38,7 +38,14 @@ from relay.adapters.rabbitmq.settings import RabbitSettings
 from relay.adapters.rabbitmq.unroutable import UnroutableKeys
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
 from relay.dsn import mask
-from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable, SharedFailure
+from relay.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    DestinationUnavailable,
+    PermanentError,
+    SharedFailure,
+    first_line,
+)
 from relay.message import OutboxMessage
 from relay.textsafe import clip, escape
 
@@ -166,7 +173,12 @@ class RabbitPublisher:
         keys = self._unroutable
         probes: list[str] = []
         for i, m in enumerate(batch):
-            built = build(m, self.settings, self._frame_max, self._learned_max_size, now)
+            try:
+                built = build(m, self.settings, self._frame_max, self._learned_max_size, now)
+            except Exception as exc:  # what this message's own fields make: its outcome alone
+                built = PermanentError(
+                    f"cannot make an AMQP message of this message: {type(exc).__name__}: {mask(first_line(exc))}"
+                )
             if not isinstance(built, Envelope):
                 outcomes[i] = built
             elif keys.is_held(built.routing_key) and not keys.take_probe(built.routing_key):
