@@ -245,3 +245,97 @@ def test_helpers_read_the_envelope_of_sqs_and_sns_messages() -> None:
     assert received_from_sns({"Body": '{"n": 1}', "MessageAttributes": _attributes(fields)}) == sqs  # raw delivery
     with pytest.raises(ValueError, match="no event_id"):
         received_from_sqs({"Body": "{}", "MessageAttributes": {}})
+
+
+def test_an_older_epoch_of_the_same_timeline_is_a_duplicate(inbox_dsn: tuple[str, Inbox]) -> None:
+    """Issue 38, item 9: epoch A applied 1-3; the relay forgot the aggregate and started
+    epoch B at 1; Inbox.prune forgot A's ids; a late redelivery (or a replay) of A's 1 and 2
+    is a duplicate, not a rewind, and B goes on. Since the outbox's 0017 the token is a
+    counter ('n<k>') that grows in the order epochs are opened."""
+    dsn, inbox = inbox_dsn
+    a = [event("A", seq, "1.1.n3") for seq in (1, 2, 3)]
+    b = [event("A", seq, "1.1.n7") for seq in (1, 2)]
+    for e in a:
+        assert receive(dsn, inbox, e) is True
+    assert receive(dsn, inbox, b[0]) is True
+    with psycopg.connect(dsn) as conn:
+        assert inbox.prune(conn, timedelta(0)) == 4
+        conn.commit()
+    assert receive(dsn, inbox, a[0]) is False
+    assert receive(dsn, inbox, a[1]) is False
+    assert receive(dsn, inbox, b[1]) is True
+    assert receive(dsn, inbox, event("A", 4, "1.1.n3")) is False  # a number A never applied: still A's
+    # A later timeline is newer whatever its counter (the promoted standby's counter
+    # stands where replication left it), and an earlier one older.
+    assert receive(dsn, inbox, event("A", 3, "2.3.n5")) is True
+    assert receive(dsn, inbox, event("A", 1, "1.1.n9")) is False
+
+
+def test_epochs_named_before_the_counter_are_older_than_any_counter(inbox_dsn: tuple[str, Inbox]) -> None:
+    """Consumers see both formats across the outbox's upgrade: an aggregate that kept its
+    heads row goes on in its 8-hex-digit epoch, one opened after the upgrade has a counter.
+    On one timeline the old random token is older than any counter; two old tokens are not
+    ordered, and the arriving one is taken as newer, as before."""
+    dsn, inbox = inbox_dsn
+    old = [event("B", seq, "1.1.0123abcd") for seq in (1, 2)]
+    for e in old:
+        assert receive(dsn, inbox, e) is True
+    assert receive(dsn, inbox, event("B", 1, "1.1.n1")) is True  # forgotten, started again after 0017
+    with psycopg.connect(dsn) as conn:
+        inbox.prune(conn, timedelta(0))
+        conn.commit()
+    assert receive(dsn, inbox, old[0]) is False
+    assert receive(dsn, inbox, event("B", 1, "1.1.99999999")) is False  # all digits, still 8 hex: old
+    assert receive(dsn, inbox, event("B", 2, "1.1.n1")) is True
+    # Two random tokens: the arriving one is newer (nothing tells them apart in time).
+    assert receive(dsn, inbox, event("C", 1, "1.1.aaaaaaaa")) is True
+    assert receive(dsn, inbox, event("C", 1, "1.1.bbbbbbbb")) is True
+    assert receive(dsn, inbox, event("C", 1, "1.1.n2")) is True
+    # A token that is neither (a hand-written one) is not a counter: older than one.
+    assert receive(dsn, inbox, event("C", 1, "1.1.n")) is False
+
+
+def _lock_waiters(dsn: str, pid: int) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+        return bool(row and row[0] == "Lock")
+
+
+async def test_first_unseen_receivers_of_one_aggregate_cannot_rewind_it(inbox_dsn: tuple[str, Inbox]) -> None:
+    """Issue 38, item 10: with accept_first_unseen, two receivers of an aggregate the inbox
+    has never seen, in two transactions: 6 is recorded first and its transaction held open,
+    then 5 arrives on another connection. 5 must wait for 6 to commit and then see it (a
+    duplicate); before the fix both were applied and last_seq ended at 5, so 7 waited
+    forever."""
+    dsn, _ = inbox_dsn
+    late = Inbox("inbox", _schema_of(inbox_dsn[1]), accept_first_unseen=True)
+    six, five, seven = (event("U", seq, "1.1.n1") for seq in (6, 5, 7))
+    async with (
+        await psycopg.AsyncConnection.connect(dsn) as first,
+        await psycopg.AsyncConnection.connect(dsn) as second,
+    ):
+
+        async def receive_five() -> bool:
+            async with second.transaction():
+                return await late.receive_async(second, five)
+
+        async with first.transaction():
+            assert await late.receive_async(first, six) is True
+            racing = asyncio.create_task(receive_five())
+            pid = second.info.backend_pid
+            for _ in range(500):  # until the second waits on a lock (deterministic from there)
+                if _lock_waiters(dsn, pid):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the second receiver never waited for the first")
+            assert not racing.done()
+        assert await racing is False
+    assert receive(dsn, late, seven) is True
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT last_seq FROM {} WHERE aggregate_id = 'U'").format(
+                sql.Identifier(_schema_of(late), "inbox_aggregates")
+            )
+        ).fetchone()
+    assert row == (7,)
