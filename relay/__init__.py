@@ -22,10 +22,13 @@ from relay.errors import (
     RetryableError,
 )
 from relay.inbox import (
+    ConnectionShared,
     Inbox,
     OutOfOrder,
     Received,
     received_from_aio_pika,
+    received_from_kafka,
+    received_from_nats,
     received_from_sns,
     received_from_sqs,
 )
@@ -49,6 +52,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BrokerUnavailable",
     "ConfigError",
+    "ConnectionShared",
     "Defer",
     "Event",
     "Inbox",
@@ -62,6 +66,8 @@ __all__ = [
     "Relay",
     "RetryableError",
     "received_from_aio_pika",
+    "received_from_kafka",
+    "received_from_nats",
     "received_from_sns",
     "received_from_sqs",
     "to_json",

@@ -145,10 +145,18 @@ END
 $$;
 
 -- inbox_receive --
--- Record one delivery in the caller's transaction (relay.Inbox.receive): 'new', 'duplicate' or 'gap' with the number expected.
-SELECT r.outcome, r.expected
-  FROM {q_receive}(CAST(%(event_id)s AS uuid), CAST(%(aggregate_id)s AS text), CAST(%(seq)s AS bigint),
-                   CAST(%(epoch)s AS text), CAST(%(first_unseen)s AS boolean)) AS r
+-- Record one delivery in the caller's transaction (relay.Inbox.receive): ['new' | 'duplicate' | 'gap', the number expected], and the transaction's start; NULL instead of the answer, with nothing recorded, when the transaction started at %(foreign)s (it holds another task's receipt).
+-- The transaction's start tells one transaction of a connection from the next (a
+-- connection runs them one after another, each starting later). CASE evaluates the
+-- receive only when it is reached.
+SELECT CASE WHEN g.began = CAST(%(foreign)s AS timestamptz) THEN NULL
+            ELSE (SELECT ARRAY[r.outcome, CAST(r.expected AS text)]
+                    FROM {q_receive}(CAST(%(event_id)s AS uuid), CAST(%(aggregate_id)s AS text),
+                                     CAST(%(seq)s AS bigint), CAST(%(epoch)s AS text),
+                                     CAST(%(first_unseen)s AS boolean)) AS r)
+       END AS answer,
+       g.began
+  FROM (SELECT now() AS began) AS g
 
 -- inbox_prune --
 -- Forget event ids received before a time, at most %(limit)s of them per statement (relay.Inbox.prune repeats it). The aggregates' numbers are kept: an ordered event stays a duplicate by its number.

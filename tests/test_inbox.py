@@ -339,3 +339,118 @@ async def test_first_unseen_receivers_of_one_aggregate_cannot_rewind_it(inbox_ds
             )
         ).fetchone()
     assert row == (7,)
+
+
+async def test_one_connection_shared_by_two_tasks_is_refused(inbox_dsn: tuple[str, Inbox]) -> None:
+    """Issue 38, item 8: aio-pika runs each delivery as a task, and the documented consumer
+    gave them one AsyncConnection. A second task's `conn.transaction()` is then a savepoint
+    in the first one's transaction: its receipt commits or rolls back with the other
+    message. The inbox refuses it, recording nothing."""
+    from relay import ConnectionShared
+
+    dsn, inbox = inbox_dsn
+    mine, theirs = event("S", 1, "1.1.n1"), event("T", 1, "1.1.n1")
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        recorded, refused = asyncio.Event(), asyncio.Event()
+
+        async def first() -> None:
+            async with conn.transaction():
+                assert await inbox.receive_async(conn, mine) is True
+                recorded.set()
+                await refused.wait()
+
+        async def second() -> None:
+            await recorded.wait()
+            try:
+                async with conn.transaction():
+                    await inbox.receive_async(conn, theirs)
+            finally:
+                refused.set()
+
+        task = asyncio.create_task(first())
+        with pytest.raises(ConnectionShared, match="another task"):
+            await second()
+        await task
+    assert receive(dsn, inbox, mine) is False  # the first one's transaction committed
+    assert receive(dsn, inbox, theirs) is True  # the refused one recorded nothing
+
+
+async def test_a_connection_busy_with_another_tasks_statement_is_refused(inbox_dsn: tuple[str, Inbox]) -> None:
+    from relay import ConnectionShared
+
+    dsn, inbox = inbox_dsn
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        busy = asyncio.create_task(conn.execute("SELECT pg_sleep(0.5)"))
+        await asyncio.sleep(0.1)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(ConnectionShared, match="running another statement"):
+            await inbox.receive_async(conn, event("S", 1, "1.1.n1"))
+        assert asyncio.get_running_loop().time() - started < 0.3  # at once, not after the other
+        await busy
+        await conn.rollback()
+
+
+def test_a_transaction_of_another_thread_is_refused(inbox_dsn: tuple[str, Inbox]) -> None:
+    import threading
+
+    from relay import ConnectionShared
+
+    dsn, inbox = inbox_dsn
+    with psycopg.connect(dsn) as conn:
+        recorded, done = threading.Event(), threading.Event()
+
+        def other() -> None:
+            with conn.transaction():
+                inbox.receive(conn, event("S", None))
+                recorded.set()
+                done.wait(10)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        try:
+            assert recorded.wait(10)
+            with pytest.raises(ConnectionShared):
+                inbox.receive(conn, event("T", None))
+        finally:
+            done.set()
+            thread.join()
+
+
+async def test_what_one_task_does_with_its_connection_is_not_refused(inbox_dsn: tuple[str, Inbox]) -> None:
+    """A batch of receipts in one transaction of one task, a savepoint per message, and a
+    pooled connection that tasks take one after another are all right."""
+    from psycopg_pool import AsyncConnectionPool
+
+    dsn, inbox = inbox_dsn
+    async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.transaction():
+        for seq in (1, 2, 3):
+            async with conn.transaction():  # a savepoint
+                assert await inbox.receive_async(conn, event("B", seq, "1.1.n1")) is True
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:
+
+        async def one(e: Received) -> bool:
+            async with pool.connection() as conn, conn.transaction():
+                return await inbox.receive_async(conn, e)
+
+        results = await asyncio.gather(*(one(event("P", None)) for _ in range(20)))
+        assert results == [True] * 20
+
+
+async def test_sqlalchemy_sessions_receive_too(inbox_dsn: tuple[str, Inbox]) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+    from sqlalchemy.orm import Session
+
+    from examples.common import sqlalchemy_url
+
+    dsn, inbox = inbox_dsn
+    e = event("Q", 1, "1.1.n1")
+    engine = create_engine(sqlalchemy_url(dsn))
+    with Session(engine) as session, session.begin():
+        assert inbox.receive(session, e) is True
+    engine.dispose()
+    async_engine = create_async_engine(sqlalchemy_url(dsn))
+    async with AsyncSession(async_engine) as session, session.begin():
+        assert await inbox.receive_async(session, e) is False
+        assert await inbox.receive_async(session, event("Q", 2, "1.1.n1")) is True
+    await async_engine.dispose()
