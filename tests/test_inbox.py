@@ -454,3 +454,42 @@ async def test_sqlalchemy_sessions_receive_too(inbox_dsn: tuple[str, Inbox]) -> 
         assert await inbox.receive_async(session, e) is False
         assert await inbox.receive_async(session, event("Q", 2, "1.1.n1")) is True
     await async_engine.dispose()
+
+
+def test_migrate_replaces_the_function_of_an_inbox_made_by_an_earlier_release(pg_dsn: str) -> None:
+    """An inbox whose tables and receive function an earlier release made (its function
+    stood in for here by one that answers 'new' to everything): migrate keeps the rows
+    and replaces the function, and the rules of this release apply at once. A consumer
+    of the earlier release still running calls the same function with the same
+    arguments."""
+    schema = f"c_{uuid.uuid4().hex[:12]}"
+    ident = sql.Identifier
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident(schema)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (event_id uuid PRIMARY KEY, received_at timestamptz NOT NULL DEFAULT now());"
+                " CREATE TABLE {} (aggregate_id text PRIMARY KEY, epoch text NOT NULL, last_seq bigint NOT NULL,"
+                " updated_at timestamptz NOT NULL DEFAULT now());"
+                " INSERT INTO {} VALUES ('A', '1.1.n3', 3);"
+                " CREATE FUNCTION {}(p_event_id uuid, p_aggregate_id text, p_seq bigint, p_epoch text,"
+                " p_first_unseen boolean) RETURNS TABLE (outcome text, expected bigint) LANGUAGE sql"
+                " AS $$ SELECT 'new'::text, NULL::bigint $$"
+            ).format(
+                ident(schema, "inbox"),
+                ident(schema, "inbox_aggregates"),
+                ident(schema, "inbox_aggregates"),
+                ident(schema, "inbox_receive"),
+            )
+        )
+    try:
+        inbox = Inbox("inbox", schema)
+        assert receive(pg_dsn, inbox, event("A", 1, "1.1.n2")) is True  # the earlier release's rules
+        with psycopg.connect(pg_dsn) as conn:
+            inbox.migrate(conn)
+            conn.commit()
+        assert receive(pg_dsn, inbox, event("A", 1, "1.1.n2")) is False  # an older epoch: this release's
+        assert receive(pg_dsn, inbox, event("A", 4, "1.1.n3")) is True
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(ident(schema)))
