@@ -469,3 +469,39 @@ async def test_a_failing_handler_rolls_its_receipt_back_and_the_message_comes_ag
     with pytest.raises(RuntimeError):
         await consumer.apply(e)
     assert await consumer.apply(e) is Verdict.APPLIED  # nothing was recorded the first time
+
+
+async def test_a_failed_receive_is_asked_again_not_the_end_of_the_runner(
+    sqs_client: Any, make_queue: Callable[..., str], consumer_db: tuple[str, AsyncConnectionPool[Any]]
+) -> None:
+    from botocore.exceptions import EndpointConnectionError
+
+    dsn, pool = consumer_db
+    url = make_queue(fifo=False)
+    event_id = str(uuid.uuid4())
+    fields = {"event_id": event_id, "aggregate_id": "z", "event_type": "E"}
+    attributes = {name: {"DataType": "String", "StringValue": value} for name, value in fields.items()}
+    sqs_client.send_message(QueueUrl=url, MessageBody='{"k": 1}', MessageAttributes=attributes)
+
+    class Flaky:
+        """The moto client, its first receive failing as an unreachable endpoint does."""
+
+        failures = 1
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(sqs_client, name)
+
+        def receive_message(self, **kwargs: Any) -> Any:
+            if self.failures:
+                self.failures -= 1
+                raise EndpointConnectionError(endpoint_url=url)
+            return sqs_client.receive_message(**kwargs)
+
+    running = asyncio.create_task(consumer_of(pool).run_sqs(Flaky(), url, wait_seconds=1))
+    try:
+        assert await wait_until_async(lambda: len(effects(dsn)) == 1 or running.done(), 10)
+        assert not running.done()
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running

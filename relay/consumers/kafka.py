@@ -6,7 +6,7 @@ import asyncio
 import logging
 from typing import Any
 
-from relay.consumers.verdict import Applier, settles
+from relay.consumers.verdict import BROKER_PAUSE_S, Applier, settles
 from relay.inbox import received_from_kafka
 
 log = logging.getLogger("relay.consumers.kafka")
@@ -14,7 +14,12 @@ log = logging.getLogger("relay.consumers.kafka")
 
 async def consume(consumer: Applier, kafka: Any) -> None:
     while True:
-        batches = await kafka.getmany(timeout_ms=1000)
+        try:
+            batches = await kafka.getmany(timeout_ms=1000)
+        except Exception as exc:  # a broker unreachable, a rebalance: the log keeps the records
+            log.warning("fetching failed (%s); again in %s s", exc, BROKER_PAUSE_S)
+            await asyncio.sleep(BROKER_PAUSE_S)
+            continue
         await asyncio.gather(*(partition(consumer, kafka, tp, records) for tp, records in batches.items()))
 
 

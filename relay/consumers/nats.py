@@ -6,7 +6,7 @@ import asyncio
 import logging
 from typing import Any
 
-from relay.consumers.verdict import Applier, settles
+from relay.consumers.verdict import BROKER_PAUSE_S, Applier, settles
 from relay.inbox import received_from_nats
 
 log = logging.getLogger("relay.consumers.nats")
@@ -19,6 +19,10 @@ async def consume(consumer: Applier, subscription: Any, *, batch: int, wait_seco
         try:
             messages = await subscription.fetch(batch, timeout=wait_seconds)
         except FetchTimeout:  # nothing within the wait: ask again
+            continue
+        except Exception as exc:  # the connection re-established meanwhile: the stream keeps them
+            log.warning("fetching from %s failed (%s); again in %s s", subscription, exc, BROKER_PAUSE_S)
+            await asyncio.sleep(BROKER_PAUSE_S)
             continue
         await asyncio.gather(*(handle(consumer, m) for m in messages))
 

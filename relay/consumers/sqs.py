@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from relay.consumers.verdict import Applier, settles
+from relay.consumers.verdict import BROKER_PAUSE_S, Applier, settles
 from relay.inbox import received_from_sns, received_from_sqs
 
 log = logging.getLogger("relay.consumers.sqs")
@@ -18,13 +18,18 @@ log = logging.getLogger("relay.consumers.sqs")
 async def consume(consumer: Applier, client: Any, queue_url: str, *, sns: bool, batch: int, wait_seconds: int) -> None:
     read = received_from_sns if sns else received_from_sqs
     while True:
-        answer = await asyncio.to_thread(
-            client.receive_message,
-            QueueUrl=queue_url,
-            MaxNumberOfMessages=batch,
-            WaitTimeSeconds=wait_seconds,
-            MessageAttributeNames=["All"],
-        )
+        try:
+            answer = await asyncio.to_thread(
+                client.receive_message,
+                QueueUrl=queue_url,
+                MaxNumberOfMessages=batch,
+                WaitTimeSeconds=wait_seconds,
+                MessageAttributeNames=["All"],
+            )
+        except Exception as exc:  # the service unreachable, throttling: the queue keeps the messages
+            log.warning("receiving from %s failed (%s); again in %s s", queue_url, exc, BROKER_PAUSE_S)
+            await asyncio.sleep(BROKER_PAUSE_S)
+            continue
         messages = answer.get("Messages") or []
         await asyncio.gather(*(handle(consumer, client, queue_url, m, read) for m in messages))
 

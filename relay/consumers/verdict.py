@@ -10,6 +10,11 @@ from typing import Protocol
 
 from relay.inbox import Received
 
+# How long a runner waits after its broker call failed (the service unreachable, a
+# connection being re-established) before it asks again: once a second keeps the log to a
+# line a second while an outage lasts, and costs nothing once the broker is back.
+BROKER_PAUSE_S = 1.0
+
 
 class Verdict(enum.Enum):
     """What became of one event."""
