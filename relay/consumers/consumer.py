@@ -4,9 +4,9 @@ pooled connection and transaction, the inbox's verdict and the handler's effect 
 Why a connection per message: a broker client runs deliveries concurrently (aio-pika runs
 each as a task, up to the channel's prefetch), and deliveries that share a connection
 share its transaction: a receipt then commits with another message's effect, or rolls
-back with it after its message was acknowledged (issue 38: 302 events acknowledged, 2
-applied). The pool bounds how many transactions run at once; a message that finds no free
-connection waits for one.
+back with it after its message was acknowledged (issue 38: an example that shared one
+stalled, and a variant of it acknowledged 302 events and applied 2). The pool bounds how
+many transactions run at once; a message that finds no free connection waits for one.
 """
 
 from __future__ import annotations
