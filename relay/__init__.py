@@ -4,8 +4,10 @@ The public API, and the only names with a promise (everything else is private):
 
 * writing events in the application's transaction: :class:`Outbox`, :class:`Event`,
   :func:`to_json`;
-* receiving them exactly once: :class:`Inbox`, :class:`Received`, :class:`OutOfOrder`
-  and the ``received_from_*`` helpers;
+* receiving them exactly once: :class:`Inbox`, :class:`Received`, :class:`OutOfOrder`,
+  :class:`ConnectionShared` and the ``received_from_*`` helpers; :class:`Consumer` runs
+  them for each destination, a message per pooled connection, acknowledged after commit
+  (:class:`Verdict`, :class:`WebhookRejected`);
 * running the relay in the application's own event loop: :class:`Relay`;
 * the failure classes a publisher sorts outcomes into, and :class:`OutboxMessage`.
 """
@@ -13,6 +15,7 @@ The public API, and the only names with a promise (everything else is private):
 from typing import TYPE_CHECKING, Any
 
 from relay._transactions import NotInTransaction
+from relay.consumers import Consumer, Verdict, WebhookRejected, received_from_webhook
 from relay.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -22,10 +25,13 @@ from relay.errors import (
     RetryableError,
 )
 from relay.inbox import (
+    ConnectionShared,
     Inbox,
     OutOfOrder,
     Received,
     received_from_aio_pika,
+    received_from_kafka,
+    received_from_nats,
     received_from_sns,
     received_from_sqs,
 )
@@ -49,6 +55,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BrokerUnavailable",
     "ConfigError",
+    "ConnectionShared",
+    "Consumer",
     "Defer",
     "Event",
     "Inbox",
@@ -61,8 +69,13 @@ __all__ = [
     "Received",
     "Relay",
     "RetryableError",
+    "Verdict",
+    "WebhookRejected",
     "received_from_aio_pika",
+    "received_from_kafka",
+    "received_from_nats",
     "received_from_sns",
     "received_from_sqs",
+    "received_from_webhook",
     "to_json",
 ]

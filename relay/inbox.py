@@ -10,13 +10,18 @@ event it applies in the same transaction as the effect, in its own PostgreSQL::
     async def handle(message):               # aio-pika, manual acknowledgement
         event = received_from_aio_pika(message)
         try:
-            async with conn.transaction():
+            async with pool.connection() as conn, conn.transaction():   # this message's own
                 if await inbox.receive_async(conn, event):
                     await apply_effect(conn, event.payload())   # same transaction
         except OutOfOrder:
+            await asyncio.sleep(0.5)
             await message.reject(requeue=True)  # an earlier event is missing: let it come first
             return
-        await message.ack()                  # new or duplicate: done either way
+        await message.ack()                  # committed, or a duplicate: done either way
+
+(:class:`relay.Consumer` is that, for each destination.) One connection per message: a
+broker client runs deliveries concurrently, and deliveries sharing one connection share
+its transaction. :class:`ConnectionShared` refuses what of that can be seen cheaply.
 
 :meth:`Inbox.receive` answers True for an event to apply now, False for a duplicate (the
 same ``event_id`` was applied, or an ordered event's number was), and raises
@@ -28,28 +33,37 @@ new primary numbers new events again from what it had replicated, and may hand o
 the outbox ids of the transactions it lost. ``event_id`` is random, so never reused; and every ordered event
 carries ``aggregate_epoch``, which changes when the relay's counter for the aggregate
 starts again (such a failover, or an aggregate the relay forgot), so a number used again
-in a new epoch is told apart from a duplicate.
+in a new epoch is told apart from a duplicate, and an old epoch from a newer one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import threading
 import uuid
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
+
 from relay._transactions import async_runner, first, sync_runner
+from relay.errors import ConfigError
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 
 __all__ = [
+    "ConnectionShared",
     "Inbox",
     "OutOfOrder",
     "Received",
     "received_from_aio_pika",
+    "received_from_kafka",
+    "received_from_nats",
     "received_from_sns",
     "received_from_sqs",
 ]
@@ -79,6 +93,14 @@ class Received:
     def payload(self) -> Any:
         """The body decoded from JSON."""
         return json.loads(self.body)
+
+
+class ConnectionShared(ConfigError):
+    """The connection (or the transaction it is in) is used by another task or thread at the
+    same time, as when aio-pika's concurrent deliveries share one ``AsyncConnection``: their
+    transactions interleave on it, and a receipt commits or rolls back with another
+    message's effect. Nothing was recorded. Give each message a connection of its own for
+    its transaction (a ``psycopg_pool`` pool; :class:`relay.Consumer` does)."""
 
 
 class OutOfOrder(Exception):
@@ -147,6 +169,22 @@ def received_from_aio_pika(message: Any) -> Received:
     return _received(dict(message.headers or {}), message.body, message.message_id)
 
 
+def received_from_kafka(record: Any) -> Received:
+    """An aiokafka ``ConsumerRecord`` (the relay's fields as headers; the key is the
+    aggregate id)."""
+    fields = dict(record.headers or ())
+    return _received(fields, record.value or b"")
+
+
+def received_from_nats(message: Any) -> Received:
+    """A nats-py JetStream ``Msg`` (the relay's fields as headers, the event id also as
+    ``Nats-Msg-Id``)."""
+    headers = dict(message.headers or {})
+    # The server's own headers (Nats-Msg-Id, Nats-Expected-*) are not the producer's.
+    fields = {name: value for name, value in headers.items() if not name.startswith("Nats-")}
+    return _received(fields, message.data, headers.get("Nats-Msg-Id"))
+
+
 def _attribute_value(attribute: Mapping[str, Any]) -> str:
     if "StringValue" in attribute:
         return str(attribute["StringValue"])
@@ -182,6 +220,83 @@ def received_from_sns(message: Mapping[str, Any]) -> Received:
     return received_from_sqs(message)
 
 
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """Who recorded the last receipt on a connection, and in which of its transactions
+    (that transaction's start, ``now()``)."""
+
+    thread: int
+    task: weakref.ref[asyncio.Task[Any]] | None
+    began: datetime
+
+    def by(self, thread: int, task: asyncio.Task[Any] | None) -> bool:
+        return self.thread == thread and (self.task() if self.task else None) is task
+
+
+# Per driver connection, weakly: a connection's claim goes with it.
+_claims: weakref.WeakKeyDictionary[Any, _Claim] = weakref.WeakKeyDictionary()
+_claims_lock = threading.Lock()
+
+
+def _caller() -> tuple[int, asyncio.Task[Any] | None]:
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no event loop in this thread
+        task = None
+    return threading.get_ident(), task
+
+
+def _driver(conn: Any) -> Any:
+    """The DB-API connection under ``conn`` where it can be reached without a query (the
+    key claims are kept by), else ``conn`` itself."""
+    if isinstance(conn, psycopg.Cursor | psycopg.AsyncCursor):
+        return conn.connection
+    if type(conn).__module__.startswith("sqlalchemy"):
+        try:
+            from sqlalchemy.orm import Session
+
+            connection = conn.connection() if isinstance(conn, Session) else conn
+            sync = getattr(connection, "sync_connection", connection)  # an AsyncConnection's
+            return sync.connection.driver_connection
+        except Exception:  # not started, or a shape of a later release: no key of its own
+            return conn
+    return conn
+
+
+async def _driver_async(conn: Any) -> Any:
+    if type(conn).__module__.startswith("sqlalchemy"):
+        from sqlalchemy.ext.asyncio import AsyncSession
+
+        if isinstance(conn, AsyncSession):
+            conn = await conn.connection()
+    return _driver(conn)
+
+
+def _foreign(key: Any) -> datetime | None:
+    """Refuse a connection another task is running a statement on; else the start of the
+    transaction in which another task recorded the last receipt on it, if one did (the
+    receive statement refuses to record in that one)."""
+    if isinstance(key, psycopg.Connection | psycopg.AsyncConnection) and key.lock.locked():
+        raise ConnectionShared(
+            "the connection is running another statement (another task's or thread's) at the same time:"
+            " give each message its own connection, from a pool"
+        )
+    with _claims_lock:
+        claim = _claims.get(key)
+    if claim is None or claim.by(*_caller()):
+        return None
+    return claim.began
+
+
+def _claim(key: Any, began: datetime) -> None:
+    thread, task = _caller()
+    try:
+        with _claims_lock:
+            _claims[key] = _Claim(thread, weakref.ref(task) if task else None, began)
+    except TypeError:  # an object that takes no weak reference: nothing to guard with
+        pass
+
+
 class Inbox:
     """Exactly-once application of received events, in the consumer's own PostgreSQL.
 
@@ -209,17 +324,25 @@ class Inbox:
         """:meth:`migrate` for asyncio connections."""
         await async_runner(conn)(self._create, {})
 
-    def _params(self, received: Received) -> dict[str, Any]:
+    def _params(self, received: Received, foreign: datetime | None) -> dict[str, Any]:
         return {
             "event_id": str(received.event_id),
             "aggregate_id": received.aggregate_id,
             "seq": received.aggregate_seq,
             "epoch": received.aggregate_epoch,
             "first_unseen": self.accept_first_unseen,
+            "foreign": foreign,
         }
 
-    def _outcome(self, received: Received, row: tuple[Any, ...]) -> bool:
-        outcome, expected = row
+    def _outcome(self, received: Received, key: Any, row: tuple[Any, ...]) -> bool:
+        answer, began = row
+        if answer is None:
+            raise ConnectionShared(
+                f"event {received.event_id}: this transaction already holds another task's (or thread's) receipt;"
+                " nothing was recorded: give each message its own connection and transaction, from a pool"
+            )
+        _claim(key, began)
+        outcome, expected = answer
         if outcome == "gap":
             raise OutOfOrder(received, int(expected))
         return bool(outcome == "new")
@@ -227,12 +350,22 @@ class Inbox:
     def receive(self, conn: Any, received: Received) -> bool:
         """Record ``received`` in ``conn``'s transaction: True when it is new (apply its
         effect in the same transaction), False for a duplicate; :class:`OutOfOrder` when an
-        earlier event of its aggregate has not been applied (nothing recorded)."""
-        return self._outcome(received, first(sync_runner(conn)(self._receive, self._params(received))))
+        earlier event of its aggregate has not been applied (nothing recorded).
+
+        :class:`ConnectionShared` (nothing recorded) when another thread or task is running
+        a statement on the connection, or has recorded a receipt in the same transaction:
+        one transaction is one message's (or one batch's, in one task)."""
+        run = sync_runner(conn)
+        key = _driver(conn)
+        row = first(run(self._receive, self._params(received, _foreign(key))))
+        return self._outcome(received, key, row)
 
     async def receive_async(self, conn: Any, received: Received) -> bool:
         """:meth:`receive` for asyncio connections."""
-        return self._outcome(received, first(await async_runner(conn)(self._receive, self._params(received))))
+        run = async_runner(conn)
+        key = await _driver_async(conn)
+        row = first(await run(self._receive, self._params(received, _foreign(key))))
+        return self._outcome(received, key, row)
 
     def prune(self, conn: Any, older_than: timedelta, *, limit: int = 10_000) -> int:
         """Forget at most ``limit`` event ids received more than ``older_than`` ago (ordered

@@ -109,18 +109,39 @@ WITH quiet AS (
            min(r.id) OVER (PARTITION BY r.aggregate_id) AS first_id,
            max(r.id) OVER (PARTITION BY r.aggregate_id) AS last_id
       FROM ranked AS r
+), opening AS (
+    -- Each row with whether its aggregate opens a new epoch in this turn: it has no heads
+    -- row (new, or forgotten by relay prune --heads-idle-for: numbering starts at 1 again),
+    -- or its epoch was opened on another timeline (after a promotion the new primary
+    -- numbers again from what was replicated, so numbers a consumer saw from transactions
+    -- the failover lost come again). Those aggregates rank first, 1..n.
+    SELECT b.*, t.tl, o.opens,
+           dense_rank() OVER (ORDER BY o.opens DESC, b.aggregate_id) AS k
+      FROM based AS b, timeline AS t,
+           LATERAL (SELECT split_part(b.head_epoch, '.', 1) IS DISTINCT FROM t.tl AS opens) AS o
+), counter AS (
+    -- The epoch counter (0017), in the ingest turn's own row: ingest_lock holds that row
+    -- until this transaction ends, so ingests take their values one after another, and a
+    -- committed value is never handed out again on this timeline (a rolled-back turn
+    -- numbered nothing anyone saw). An epoch opened later has a larger token; the inbox
+    -- orders two epochs of one timeline by it. Not now(): the transaction's start, and one
+    -- that started first can take the turn later (and clocks step back). Not a sequence:
+    -- as orderly, but every relay role would need a new grant to call nextval.
+    UPDATE {q_ingest} AS g
+       SET epochs = g.epochs + n.opened
+      FROM (SELECT count(DISTINCT p.aggregate_id) AS opened FROM opening AS p WHERE p.opens) AS n
+     WHERE n.opened > 0
+    RETURNING g.epochs - n.opened AS before
 ), epoched AS (
-    -- The aggregate's epoch (0015), '<timeline>.<first seq>.<token>': the head's while it
-    -- was opened on this timeline; a new one where the aggregate has no heads row (new, or
-    -- forgotten by relay prune --heads-idle-for: numbering starts at 1 again) or after a
-    -- promotion (the new primary numbers again from what was replicated, so numbers a
-    -- consumer saw from transactions the failover lost come again). Consumers tell a
-    -- number used again from a duplicate by it (relay.inbox).
-    SELECT b.*,
-           CASE WHEN split_part(b.head_epoch, '.', 1) = t.tl THEN b.head_epoch
-                ELSE t.tl || '.' || (b.base + 1) || '.' || left(md5(b.aggregate_id || now()::text), 8)
+    -- The aggregate's epoch (0015), '<timeline>.<first seq>.n<counter>' (before 0017 the
+    -- token was 8 random hex digits): the head's while it was opened on this timeline, else
+    -- a new one. Consumers tell a number used again from a duplicate by it, and an old
+    -- epoch from a new one (relay.inbox).
+    SELECT p.id, p.aggregate_id, p.available_at, p.rn, p.n, p.base, p.head_last_id, p.first_id, p.last_id,
+           CASE WHEN p.opens THEN p.tl || '.' || (p.base + 1) || '.n' || ((SELECT c.before FROM counter AS c) + p.k)
+                ELSE p.head_epoch
            END AS epoch
-      FROM based AS b, timeline AS t
+      FROM opening AS p
 ), numbered AS (
     -- Driven by arrays, not by a join with the CTE: the planner then probes the primary
     -- key once per row. (Joined, it estimated a few dozen rows and rescanned the CTE for

@@ -1,5 +1,5 @@
 -- The schema of one outbox as an empty schema holds it after every migration (0001 to
--- 0016), in one file to read: each object in its final form, with why it is there. Objects
+-- 0017), in one file to read: each object in its final form, with why it is there. Objects
 -- a later migration dropped are absent, functions appear in their last version, and what
 -- only converted existing rows (back-fills, renumbering) is left out: there are none here.
 --
@@ -76,7 +76,9 @@ CREATE TABLE {outbox} (
     event_id       uuid        DEFAULT gen_random_uuid(),
     -- The epoch of aggregate_seq, '<timeline>.<first seq>.<token>', set by the ingest with
     -- it: numbers are gapless within one epoch, and a new one starts where the counter
-    -- starts again (new or forgotten aggregate, promoted standby). NULL on unordered rows.
+    -- starts again (new or forgotten aggregate, promoted standby). The token is 'n' and the
+    -- epoch counter's value (0017: a later epoch of a timeline has a larger one; 8 random
+    -- hex digits before). NULL on unordered rows.
     aggregate_epoch text,
 
     CONSTRAINT {n_status_check} CHECK (status IN ('pending', 'processing', 'done', 'dead')),
@@ -302,7 +304,11 @@ CREATE CONSTRAINT TRIGGER {n_stamp} AFTER INSERT ON {outbox}
 
 -- Serializes the ingest: the relay that holds this row's lock numbers; the others skip.
 CREATE TABLE {q_ingest} (
-    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton)
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    -- The epoch counter (0017): the last value a new epoch's name took
+    -- ('<timeline>.<first seq>.n<value>'), bumped by the ingest under this row's lock, so
+    -- an epoch opened later has a larger value.
+    epochs    bigint  NOT NULL DEFAULT 0
 );
 INSERT INTO {q_ingest} DEFAULT VALUES;
 
@@ -564,4 +570,5 @@ INSERT INTO {q_migrations} (version, name) VALUES
     (13, 'history'),
     (14, 'dead_groups'),
     (15, 'event_identity'),
-    (16, 'commit_order');
+    (16, 'commit_order'),
+    (17, 'epoch_counter');

@@ -1,6 +1,7 @@
 """A consumer for tests/test_pipeline_inbox.py, run in its own process (and killed now and
-then): aio-pika with manual acknowledgement, ``relay.Inbox`` in its own database, and each
-event's effect a row of ``effects`` written in the same transaction as the receipt.
+then): ``relay.Consumer`` on an aio-pika queue with a prefetch of 50, a connection per
+message from a pool, ``relay.Inbox`` in its own database, and each event's effect a row of
+``effects`` written in the same transaction as the receipt.
 
 ``effects`` has no unique key on purpose: an effect applied twice shows as two rows, and
 its ``applied`` column (a sequence) is the order the effects were applied in.
@@ -14,46 +15,37 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from typing import Any
 
 import aio_pika
 import psycopg
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
-from relay import Inbox, OutOfOrder, received_from_aio_pika
+from relay import Consumer, Inbox, Received
 
 SCHEMA = os.environ["CONSUMER_SCHEMA"]
+INSERT = sql.SQL(
+    "INSERT INTO {}.effects (ref, aggregate_id, event_type, version, event_id) VALUES (%s, %s, %s, %s, %s)"
+).format(sql.Identifier(SCHEMA))
+
+
+async def record(conn: psycopg.AsyncConnection[Any], event: Received) -> None:
+    body = event.payload()
+    await conn.execute(INSERT, (body["ref"], event.aggregate_id, event.event_type, body["version"], event.event_id))
 
 
 async def main() -> None:
-    inbox = Inbox("inbox", SCHEMA)
-    conn = await psycopg.AsyncConnection.connect(os.environ["CONSUMER_DSN"])
-    rabbit = await aio_pika.connect(os.environ["CONSUMER_AMQP_URL"])
-    channel = await rabbit.channel()
-    await channel.set_qos(prefetch_count=30)
-    queue = await channel.get_queue(os.environ["CONSUMER_QUEUE"], ensure=True)
-    insert = sql.SQL(
-        "INSERT INTO {}.effects (ref, aggregate_id, event_type, version, event_id) VALUES (%s, %s, %s, %s, %s)"
-    ).format(sql.Identifier(SCHEMA))
-    lock = asyncio.Lock()  # one connection: one transaction at a time
-
-    async def handle(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        event = received_from_aio_pika(message)
-        try:
-            async with lock, conn.transaction():
-                if await inbox.receive_async(conn, event):
-                    body = event.payload()
-                    await conn.execute(
-                        insert, (body["ref"], event.aggregate_id, event.event_type, body["version"], event.event_id)
-                    )
-        except OutOfOrder:
-            await asyncio.sleep(0.05)
-            await message.reject(requeue=True)
-            return
-        await message.ack()
-
-    await queue.consume(handle)
-    print("consuming", flush=True)
-    await asyncio.Future()
+    dsn = os.environ["CONSUMER_DSN"]
+    async with (
+        AsyncConnectionPool(dsn, min_size=1, max_size=10, open=False) as pool,
+        await aio_pika.connect(os.environ["CONSUMER_AMQP_URL"]) as rabbit,
+    ):
+        channel = await rabbit.channel()
+        await channel.set_qos(prefetch_count=50)
+        queue = await channel.get_queue(os.environ["CONSUMER_QUEUE"], ensure=True)
+        print("consuming", flush=True)
+        await Consumer(pool, Inbox("inbox", SCHEMA), record, retry_delay="50ms").run_rabbitmq(queue)
 
 
 if __name__ == "__main__":

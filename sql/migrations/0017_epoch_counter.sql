@@ -1,0 +1,14 @@
+-- 0017: epochs ordered on one timeline.
+--
+-- An aggregate's epoch ('<timeline>.<first seq>.<token>', 0015) ended in 8 random hex
+-- digits, so two epochs of one timeline could not be told apart in time: after
+-- `relay prune --heads-idle-for` forgot an aggregate and it started again at 1, a late
+-- redelivery (or a replay) of the old epoch's first numbers looked as new to a consumer as
+-- the new epoch's, once the consumer's inbox had forgotten their event ids, and rewound it.
+-- From here the ingest ends a new epoch's name in 'n' and the next value of this counter,
+-- kept in the ingest turn's own row (which every ingest holds while it numbers, so values
+-- are taken one turn after another and none is handed out twice on a timeline). The relay's
+-- role already updates this table: no new grant. Epochs named before keep their random
+-- token and stay in use while their aggregate keeps its heads row; relay.inbox takes such
+-- a token as older than any counter on its timeline.
+ALTER TABLE {q_ingest} ADD COLUMN epochs bigint NOT NULL DEFAULT 0;
