@@ -60,25 +60,25 @@ def run(dsn: str, rows: int, every: int | None) -> dict[str, object]:
             print(f"  wrote {rows:,} rows in {time.monotonic() - started:.1f}s", flush=True)
             # Its log to a file: a pipe nobody reads would fill with the dead rows' lines and
             # block the relay's next log write.
-            log = tempfile.TemporaryFile("w+")
-            relay = subprocess.Popen(
-                [RELAY, "start", "--dsn", dsn, "--schema", schema, "--broker", "log", "--workers", "4"],
-                stdout=subprocess.DEVNULL, stderr=log, text=True, env=env,
-            )  # fmt: skip
-            started = time.monotonic()
-            settled = 0
-            while settled < rows and relay.poll() is None:
-                time.sleep(0.5)
-                row = conn.execute(
-                    sql.SQL("SELECT count(*) FILTER (WHERE status IN ('done', 'dead')) FROM {}").format(table)
-                ).fetchone()
-                settled = int(row[0]) if row else 0
-            seconds = time.monotonic() - started
-            alive = relay.poll() is None
-            relay.terminate()
-            relay.wait(timeout=60)
-            log.seek(0)
-            stderr = log.read()
+            with tempfile.TemporaryFile("w+") as log:
+                relay = subprocess.Popen(
+                    [RELAY, "start", "--dsn", dsn, "--schema", schema, "--broker", "log", "--workers", "4"],
+                    stdout=subprocess.DEVNULL, stderr=log, text=True, env=env,
+                )  # fmt: skip
+                started = time.monotonic()
+                settled = 0
+                while settled < rows and relay.poll() is None:
+                    time.sleep(0.5)
+                    row = conn.execute(
+                        sql.SQL("SELECT count(*) FILTER (WHERE status IN ('done', 'dead')) FROM {}").format(table)
+                    ).fetchone()
+                    settled = int(row[0]) if row else 0
+                seconds = time.monotonic() - started
+                alive = relay.poll() is None
+                relay.terminate()
+                relay.wait(timeout=60)
+                log.seek(0)
+                stderr = log.read()
             counts = dict(conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY 1").format(table)).fetchall())
             reasons = conn.execute(
                 sql.SQL("SELECT DISTINCT left(last_error, 120) FROM {} WHERE status = 'dead'").format(table)
