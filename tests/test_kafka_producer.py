@@ -1,0 +1,132 @@
+"""The Kafka publisher's producer, driven directly against the session's Kafka-protocol
+broker (tests/kafka_broker.py): it never creates a topic, whatever request it makes, and a
+producer whose idempotence state the broker no longer has is replaced once, its messages
+held (no attempt spent) meanwhile. The oracle is the broker: its topics and what they hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from aiokafka.conn import AIOKafkaConnection
+from aiokafka.protocol.metadata import MetadataRequest, MetadataRequest_v5
+
+from relay.adapters.kafka.publisher import KafkaPublisher
+from relay.adapters.kafka.settings import KafkaSettings
+from relay.contract import Outcome, PublishLimits, publish_within
+from relay.errors import BrokerUnavailable
+from relay.message import OutboxMessage
+from tests.kafka_broker import KafkaService
+
+PUBLISH_TIMEOUT_S = 3.0
+
+
+def message(i: int) -> OutboxMessage:
+    return OutboxMessage(
+        id=i, aggregate_type="order", aggregate_id=f"order-{i}", event_type="OrderPlaced",
+        body=b'{"i": %d}' % i, attempt=1, lease_version=1, ordered=False, event_id=f"event-{i}",
+    )  # fmt: skip
+
+
+@pytest.fixture
+def metadata_requests(monkeypatch: pytest.MonkeyPatch) -> list[MetadataRequest]:
+    """Every metadata request any aiokafka connection of this process sends, as built
+    (every request aiokafka makes goes through AIOKafkaConnection.send)."""
+    sent: list[MetadataRequest] = []
+    original = AIOKafkaConnection.send
+
+    def send(self: AIOKafkaConnection, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(request, MetadataRequest):
+            sent.append(request)
+        return original(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(AIOKafkaConnection, "send", send)
+    return sent
+
+
+@pytest.fixture
+async def topic_publisher(kafka: KafkaService) -> AsyncIterator[tuple[str, KafkaPublisher]]:
+    topic = await asyncio.to_thread(kafka.create_topic, 3)
+    limits = PublishLimits(publish_timeout=timedelta(seconds=PUBLISH_TIMEOUT_S), workers=2, batch_size=50)
+    values = {"bootstrap_servers": kafka.bootstrap, "topic": topic}
+    publisher = KafkaPublisher(KafkaSettings.from_values(values, limits))
+    await publisher.start()
+    try:
+        yield topic, publisher
+    finally:
+        await publisher.close()
+
+
+async def publish(publisher: KafkaPublisher, ids: Iterable[int]) -> list[Outcome]:
+    return await publish_within(publisher, [message(i) for i in ids], PUBLISH_TIMEOUT_S)
+
+
+async def test_no_request_of_the_producer_may_create_a_deleted_topic(
+    kafka: KafkaService, topic_publisher: tuple[str, KafkaPublisher], metadata_requests: list[MetadataRequest]
+) -> None:
+    """The topic deleted under a publisher that has sent to it: its next publishes are
+    held (BrokerUnavailable), the producer's own metadata refresh for the topic runs, and
+    the topic is still gone: every metadata request naming topics said
+    allow_auto_topic_creation=false (as built at v5, the version noida-db answers)."""
+    topic, publisher = topic_publisher
+    assert await publish(publisher, range(1, 7)) == [None] * 6
+    await asyncio.to_thread(kafka.delete_topic, topic)
+    for _ in range(2):  # the producer that sent to it, then (if it was replaced) a fresh one
+        outcomes = await publish(publisher, range(7, 10))
+        assert all(isinstance(o, BrokerUnavailable) for o in outcomes), outcomes
+        await asyncio.sleep(1.1)  # past the look's cache
+    # The refresh a producer runs for the topics it sends to (on a stale partition, and
+    # every 5 minutes).
+    producer = publisher._producer
+    assert producer is not None
+    await producer.client.add_topic(topic)
+    await producer.client.force_metadata_update()
+    assert await asyncio.to_thread(kafka.partitions, topic) is None
+    named = [r for r in metadata_requests if r.build(MetadataRequest_v5).topics]
+    assert named, "no metadata request named the topic: the test proves nothing"
+    assert [r for r in named if r.build(MetadataRequest_v5).allow_auto_topic_creation] == []
+    # Back, it takes the held messages.
+    await asyncio.to_thread(kafka.create_topic, 3, topic)
+    await asyncio.sleep(1.1)
+    assert await publish(publisher, range(7, 10)) == [None] * 3
+    assert sorted(int(r.headers["outbox_id"]) for r in await asyncio.to_thread(kafka.read, topic)) == [7, 8, 9]
+
+
+async def test_a_producer_whose_sequence_numbers_the_broker_lost_is_replaced_once(
+    kafka: KafkaService,
+    topic_publisher: tuple[str, KafkaPublisher],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The topic deleted and created again at once, behind the publisher's back: the
+    broker's partitions start from sequence 0 while the producer goes on from where it was
+    (OutOfOrderSequenceNumber, for ever: a fresh producer succeeds at once). Two publishes
+    meeting it together replace the producer once; their messages are held, not charged;
+    the next publish delivers them."""
+    topic, publisher = topic_publisher
+    made = 0
+    make = publisher._make_producer
+
+    def counting() -> Any:
+        nonlocal made
+        made += 1
+        return make()
+
+    monkeypatch.setattr(publisher, "_make_producer", counting)
+    assert await publish(publisher, range(1, 31)) == [None] * 30
+    await asyncio.to_thread(kafka.delete_topic, topic)
+    await asyncio.to_thread(kafka.create_topic, 3, topic)
+    first, second = await asyncio.gather(publish(publisher, range(31, 46)), publish(publisher, range(46, 61)))
+    outcomes = [*first, *second]
+    assert all(o is None or isinstance(o, BrokerUnavailable) for o in outcomes), outcomes
+    assert any(isinstance(o, BrokerUnavailable) for o in outcomes), "no message met the lost state"
+    held = [i for i, o in zip(range(31, 61), outcomes, strict=True) if o is not None]
+    assert await publish(publisher, held) == [None] * len(held)
+    replaced = [r for r in caplog.records if r.getMessage().startswith("Kafka producer for")]
+    assert made == 1 and len(replaced) == 1, (made, [r.getMessage() for r in replaced])
+    ids = [int(r.headers["outbox_id"]) for r in await asyncio.to_thread(kafka.read, topic)]
+    assert sorted(ids) == list(range(31, 61)), ids
