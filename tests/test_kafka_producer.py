@@ -2,6 +2,7 @@
 broker (tests/kafka_broker.py): it never creates a topic, whatever request it makes, and a
 producer whose idempotence state the broker no longer has is replaced once, its messages
 held (no attempt spent) meanwhile. The oracle is the broker: its topics and what they hold.
+And, without a broker, how those errors are sorted and how a partition count change is said.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from aiokafka import errors
 from aiokafka.conn import AIOKafkaConnection
 from aiokafka.protocol.metadata import MetadataRequest, MetadataRequest_v5
 
+from relay.adapters.kafka.classify import classify, lost_producer_state
 from relay.adapters.kafka.publisher import KafkaPublisher
 from relay.adapters.kafka.settings import KafkaSettings
+from relay.adapters.kafka.topic import PartitionWatch
 from relay.contract import Outcome, PublishLimits, publish_within
 from relay.errors import BrokerUnavailable
 from relay.message import OutboxMessage
@@ -130,3 +134,29 @@ async def test_a_producer_whose_sequence_numbers_the_broker_lost_is_replaced_onc
     assert made == 1 and len(replaced) == 1, (made, [r.getMessage() for r in replaced])
     ids = [int(r.headers["outbox_id"]) for r in await asyncio.to_thread(kafka.read, topic)]
     assert sorted(ids) == list(range(31, 61)), ids
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.OutOfOrderSequenceNumber(),
+        errors.UnknownProducerId(),
+        errors.InvalidProducerEpoch(),
+        errors.ProducerFenced(),
+        errors.InvalidProducerIdMapping(),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_lost_producer_state_is_never_charged(error: Exception) -> None:
+    """Whatever path an idempotence-state error takes, it holds the message: the
+    publisher replaces the producer, and even unreplaced it is no retryable failure."""
+    assert lost_producer_state(error)
+    assert isinstance(classify(error, "Kafka topic 't' at k:9092"), BrokerUnavailable)
+
+
+def test_a_partition_count_change_is_a_warning_once_per_count(caplog: pytest.LogCaptureFixture) -> None:
+    watch = PartitionWatch("Kafka topic 't' at k:9092")
+    for count in (3, 3, 0, 4, 4, 3, 6):
+        watch.saw(count)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(said) == 2 and "has 4 partitions, the relay first saw 3" in said[0] and "has 6" in said[1], said
