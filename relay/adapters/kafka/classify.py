@@ -51,6 +51,14 @@ _UNAVAILABLE = (
 _TIMEOUTS = (errors.RequestTimedOutError, errors.KafkaTimeoutError)
 
 
+def said(exc: BaseException) -> str:
+    """``Type: text`` of an error for a log line, the type once (aiokafka's own texts
+    often start with it), secrets masked."""
+    text = mask(first_line(exc))
+    name = type(exc).__name__
+    return text if text.startswith(name) else f"{name}: {text}"
+
+
 def lost_producer_state(exc: BaseException) -> bool:
     return isinstance(exc, LOST_STATE)
 
@@ -63,7 +71,7 @@ def needs_look(exc: BaseException) -> bool:
 
 
 def classify(exc: BaseException, where: str) -> BaseException:
-    text = f"{where}: {type(exc).__name__}: {mask(first_line(exc))}"
+    text = f"{where}: {said(exc)}"
     name = type(exc).__name__
     if isinstance(exc, _PERMANENT) or name in ("InvalidRecordError", "InvalidRecordException"):
         return PermanentError(text)

@@ -99,8 +99,34 @@ async def discard(producer: AIOKafkaProducer, why: str) -> None:
         # aiokafka's sender catches its cancellation and waits for its requests on the
         # wire; asyncio.wait does not raise what it ends with, only our own cancellation.
         await asyncio.wait([task])
-    producer._message_accumulator.fail_all(Discarded(why))
+    _fail_queued(producer, Discarded(why))
     # With the sender done, stop() delivers nothing more: it only closes the connections.
     # (A stop() cut short earlier left it marked closed: close the client in any case.)
     await producer.stop()
     await producer.client.close()
+
+
+def _fail_queued(producer: AIOKafkaProducer, error: Exception) -> None:
+    """aiokafka's own ``MessageAccumulator.fail_all(error)``, without the two things it
+    leaves for the event loop to complain about."""
+    accumulator = producer._message_accumulator
+    queued = [batch for batches in accumulator._batches.values() for batch in batches]
+    for batch in queued:
+        # A batch drained once and put back for a retry has a callback (registered on its
+        # first drain) that removes it from the pending set when it ends: fail_all leaves
+        # it out of that set, and the callback's KeyError would be logged with a traceback.
+        if batch.retry_count:
+            accumulator._pending_batches.add(batch)
+    accumulator.fail_all(error)
+    for batch in queued:
+        # fail_all sets the error on the waiter for the batch's next drain, which nobody
+        # awaits now: read, or asyncio logs "exception was never retrieved" for each.
+        waiter = batch._drain_waiter
+        if waiter.done() and not waiter.cancelled():
+            waiter.exception()
+
+
+def forget(future: asyncio.Future[Any]) -> None:
+    """Nobody will await ``future`` (a record whose message the relay handed back): read
+    its outcome when it ends, so that asyncio does not log it as never retrieved."""
+    future.add_done_callback(lambda done: done.cancelled() or done.exception())

@@ -32,8 +32,8 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, errors
 from aiokafka.helpers import create_ssl_context
 
-from relay.adapters.kafka.classify import classify, lost_producer_state, needs_look
-from relay.adapters.kafka.producer import DISCARD_TIMEOUT_S, Discarded, discard, make_producer
+from relay.adapters.kafka.classify import classify, lost_producer_state, needs_look, said
+from relay.adapters.kafka.producer import DISCARD_TIMEOUT_S, Discarded, discard, forget, make_producer
 from relay.adapters.kafka.settings import KafkaSettings
 from relay.adapters.kafka.topic import PartitionWatch, TopicLook, look
 from relay.adapters.outage import OutageLog
@@ -187,7 +187,7 @@ class KafkaPublisher:
         except TimeoutError:
             return self._unreachable("no producer could start before the publish deadline")
         except Exception as exc:  # aiokafka raises KafkaError subclasses and OSErrors alike
-            return self._unreachable(f"no producer could start: {type(exc).__name__}: {mask(first_line(exc))}")
+            return self._unreachable(f"no producer could start: {said(exc)}")
 
     def _retire(self, generation: int, why: str) -> None:
         """Drop the producer of ``generation`` if it is still the one in use: the next
@@ -355,6 +355,8 @@ class KafkaPublisher:
         for i, future in futures.items():
             if future not in waiting:
                 raw[i] = future.exception()
+            else:
+                forget(future)
         late = sorted([i for i, future in futures.items() if future in waiting] + unqueued)
         return late, probe.result() if probe is not None and probe.done() and not probe.cancelled() else None
 

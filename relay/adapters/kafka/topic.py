@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from aiokafka.client import AIOKafkaClient, ConnectionGroup
 from aiokafka.protocol.metadata import MetadataRequest
 
+from relay.adapters.kafka.classify import said
 from relay.contract import DestinationState
-from relay.dsn import mask
-from relay.errors import first_line
 
 log = logging.getLogger("relay.adapters.kafka")
 
@@ -45,19 +44,19 @@ async def look(client: AIOKafkaClient, topic: str, timeout_s: float) -> TopicLoo
         return TopicLook(DestinationState.UNREACHABLE, "no broker known")
     random.shuffle(nodes)
     request = MetadataRequest([topic], allow_auto_topic_creation=False)
-    said = "no answer"
+    last = "no answer"
     try:
         async with asyncio.timeout(max(timeout_s, 0.0)):
             for node in nodes:
                 try:
                     response = await client.send(node, request, group=ConnectionGroup.COORDINATION)
                 except Exception as exc:  # a refused connection, a broker going away
-                    said = mask(first_line(exc))
+                    last = said(exc)
                     continue
                 return _found(response)
     except TimeoutError:
         return TopicLook(DestinationState.UNREACHABLE, f"no metadata answer within {timeout_s:.1f}s")
-    return TopicLook(DestinationState.UNREACHABLE, f"no broker answers metadata ({said})")
+    return TopicLook(DestinationState.UNREACHABLE, f"no broker answers metadata ({last})")
 
 
 def _found(response: object) -> TopicLook:
