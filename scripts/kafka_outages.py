@@ -86,7 +86,7 @@ class Outbox:
 
 
 def log_path(topic: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"kafka-outages-{topic}.log"
+    return Path(tempfile.gettempdir()) / f"kafka-outages-relay-{topic}.log"
 
 
 def relay(kafka: KafkaService, topic: str, dsn: str, pythonpath: str | None) -> subprocess.Popen[bytes]:
