@@ -8,8 +8,10 @@ And, without a broker, how those errors are sorted and how a partition count cha
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,8 +23,8 @@ from relay.adapters.kafka.classify import classify, lost_producer_state
 from relay.adapters.kafka.publisher import KafkaPublisher
 from relay.adapters.kafka.settings import KafkaSettings
 from relay.adapters.kafka.topic import PartitionWatch
-from relay.contract import Outcome, PublishLimits, publish_within
-from relay.errors import BrokerUnavailable
+from relay.contract import TIMEOUT_PREFIX, Outcome, PublishLimits, publish_within
+from relay.errors import BrokerUnavailable, NotSent, RetryableError
 from relay.message import OutboxMessage
 from tests.kafka_broker import KafkaService
 
@@ -160,3 +162,73 @@ def test_a_partition_count_change_is_a_warning_once_per_count(caplog: pytest.Log
         watch.saw(count)
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(said) == 2 and "has 4 partitions, the relay first saw 3" in said[0] and "has 6" in said[1], said
+
+
+class FakeCluster:
+    def brokers(self) -> list[Any]:
+        return [SimpleNamespace(nodeId=1)]
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return {0, 1, 2}
+
+
+class FakeClient:
+    """A client whose metadata answer is ``answer``: the topic's (code 0, 3 partitions), or
+    an exception (no broker answers)."""
+
+    def __init__(self, answer: Exception | None) -> None:
+        self.cluster = FakeCluster()
+        self.answer = answer
+
+    async def send(self, node: int, request: Any, **kwargs: Any) -> Any:
+        if self.answer is not None:
+            raise self.answer
+        return SimpleNamespace(topics=[(0, "t", False, [(0, p, 1, [1], [1], []) for p in range(3)])])
+
+
+class FakeProducer:
+    """Queues every record (or, ``room=False``, waits for room for ever) and never
+    acknowledges one: a broker that has gone quiet."""
+
+    def __init__(self, client: FakeClient, *, room: bool = True) -> None:
+        self.client = client
+        self.room = room
+
+    async def send(self, topic: str, **kwargs: Any) -> asyncio.Future[Any]:
+        if not self.room:
+            await asyncio.Event().wait()
+        return asyncio.get_running_loop().create_future()
+
+
+def quiet_publisher(producer: FakeProducer) -> KafkaPublisher:
+    limits = PublishLimits(publish_timeout=timedelta(seconds=2), workers=1, batch_size=10)
+    publisher = KafkaPublisher(KafkaSettings.from_values({"bootstrap_servers": "k:9092", "topic": "t"}, limits))
+    publisher._producer, publisher._generation, publisher._verified = producer, 1, True  # type: ignore[assignment]
+    return publisher
+
+
+@pytest.mark.parametrize(
+    ("answer", "room", "expected", "replaced"),
+    [
+        pytest.param(errors.KafkaConnectionError("refused"), True, BrokerUnavailable, True, id="no-broker-answers"),
+        pytest.param(None, True, RetryableError, False, id="answers-but-no-ack"),
+        pytest.param(None, False, NotSent, False, id="no-room-in-the-producer"),
+    ],
+)
+async def test_records_never_acknowledged_are_sorted_before_the_relays_deadline(
+    answer: Exception | None, room: bool, expected: type[Exception], replaced: bool
+) -> None:
+    """Without a broker: records queued and never acknowledged. No broker answering
+    metadata holds them (the breaker's class, no attempt) and drops the producer that holds
+    them, at once; a broker that answers makes them a retryable timeout, at the adapter's
+    deadline; records the producer never had room for are not sent (attempt refunded).
+    Each comes back before the relay's own deadline, which would charge them all."""
+    publisher = quiet_publisher(FakeProducer(FakeClient(answer), room=room))
+    started = time.monotonic()
+    outcomes = await publish_within(publisher, [message(i) for i in range(3)], 2.0)
+    took = time.monotonic() - started
+    assert all(type(o) is expected for o in outcomes), outcomes
+    assert took < 2.0 and not any(TIMEOUT_PREFIX in str(o) for o in outcomes), (took, outcomes)
+    if expected is BrokerUnavailable:
+        assert took < 1.5, f"held only after {took:.1f}s: the look should end the wait"
+    assert (publisher._producer is None) is replaced

@@ -27,6 +27,7 @@ import logging
 import time
 from asyncio import FIRST_COMPLETED
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, errors
@@ -40,7 +41,7 @@ from relay.adapters.outage import OutageLog
 from relay.adapters.quiet_logs import QuietLines
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome, publish_deadline
 from relay.dsn import mask
-from relay.errors import BrokerUnavailable, ConfigError, PermanentError, RetryableError, first_line
+from relay.errors import BrokerUnavailable, ConfigError, NotSent, PermanentError, RetryableError, first_line
 from relay.message import OutboxMessage
 
 log = logging.getLogger("relay.adapters.kafka")
@@ -56,6 +57,13 @@ LOOK_AFTER_S = 0.5
 # every message as a retryable timeout): at most half a second, at most 15% of it.
 DEADLINE_RESERVE_S = 0.5
 DEADLINE_RESERVE_SHARE = 0.15
+# Queuing the records (the producer waits for room, or for its topic's partitions) may take
+# this share of the time left; the rest is for the acknowledgements, and the look that
+# tells why they do not come.
+QUEUE_SHARE = 2 / 3
+# A record the producer had no room for is tried again this much later (attempt refunded):
+# about the time its partition's waiting batch takes to go.
+NOT_SENT_DELAY_S = 0.5
 
 
 class QuietConnects(QuietLines):
@@ -272,16 +280,26 @@ class KafkaPublisher:
     async def _send(
         self, producer: AIOKafkaProducer, generation: int, batch: Sequence[OutboxMessage], until: float
     ) -> list[Outcome]:
-        raw, futures = await self._queue(producer, batch, until)
-        late, found = await self._acknowledged(producer, futures, raw, until)
+        loop = asyncio.get_running_loop()
+        raw, futures = await self._queue(producer, batch, loop.time() + (until - loop.time()) * QUEUE_SHARE)
+        unqueued = [i for i in range(len(batch)) if raw[i] is None and i not in futures]
+        late, found = await self._acknowledged(producer, futures, raw, unqueued, until)
         if found is None and any(exc is not None and needs_look(exc) for exc in raw):
             # A record failed for want of its partition or broker: which one is it?
-            found = await self._look(producer, until - asyncio.get_running_loop().time())
+            found = await self._look(producer, until - loop.time())
         outcomes = [None if exc is None else self._outcome(exc, found) for exc in raw]
-        if late:
-            held = self._late(found)
-            for i in late:
-                outcomes[i] = held
+        held = self._late(found)
+        for i in late:
+            outcomes[i] = held
+        if found is not None and found.state is DestinationState.EXISTS:
+            # Never queued, with a broker answering: the producer had no room for them (its
+            # batches for their partitions still waiting to go) before the deadline. Nothing
+            # was sent: no attempt is spent for the producer's own limit.
+            for i in unqueued:
+                outcomes[i] = NotSent(
+                    timedelta(seconds=NOT_SENT_DELAY_S),
+                    f"not sent to {self.settings.where}: the producer had no room for it before the publish deadline",
+                )
 
         # A producer that lost its sequence numbers fails every later send to the partition;
         # one whose topic is gone holds numbers of partitions that went with it; and what a
@@ -326,6 +344,7 @@ class KafkaPublisher:
         producer: AIOKafkaProducer,
         futures: dict[int, asyncio.Future[Any]],
         raw: list[BaseException | None],
+        unqueued: list[int],
         until: float,
     ) -> tuple[list[int], TopicLook | None]:
         """Wait for the acknowledgements (each one's error goes into ``raw``). Those still
@@ -334,7 +353,6 @@ class KafkaPublisher:
         no acknowledgement (late, or never queued) and what the look found, if it ended."""
         loop = asyncio.get_running_loop()
         waiting: set[asyncio.Future[Any]] = set(futures.values())
-        unqueued = [i for i in range(len(raw)) if raw[i] is None and i not in futures]
         probe: asyncio.Task[TopicLook] | None = None
         try:
             if waiting:
@@ -353,10 +371,11 @@ class KafkaPublisher:
             if probe is not None and not probe.done():
                 probe.cancel()
         for i, future in futures.items():
-            if future not in waiting:
-                raw[i] = future.exception()
-            else:
+            if future in waiting or future.cancelled():  # a cancelled one says no more than a late one
+                waiting.add(future)
                 forget(future)
+            else:
+                raw[i] = future.exception()
         late = sorted([i for i, future in futures.items() if future in waiting] + unqueued)
         return late, probe.result() if probe is not None and probe.done() and not probe.cancelled() else None
 
