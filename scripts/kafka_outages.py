@@ -86,6 +86,7 @@ class Outbox:
 
 
 def log_path(topic: str) -> Path:
+    """The relay's log of a scenario (kept, for a look after)."""
     return Path(tempfile.gettempdir()) / f"kafka-outages-relay-{topic}.log"
 
 
@@ -218,6 +219,7 @@ def main() -> None:
         finally:
             kafka.stop()
             shutil.rmtree(data_dir, ignore_errors=True)
+            data_dir.with_name(f"{data_dir.name}.log").unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
