@@ -4,7 +4,13 @@ free port with its own data directory, and the helpers the tests use on it: topi
 their own (created and deleted), and reading a topic back from the beginning.
 
 ``kafka`` is a session fixture registered for every module by ``pytest_plugins`` in
-tests/conftest.py.
+tests/conftest.py; ``own_kafka`` is a broker of the test's own, which it may SIGKILL and
+start again (:meth:`KafkaService.kill`, :meth:`KafkaService.restart`).
+
+noida-db keeps its state in memory and writes it to its data directory about every 2 s
+(``kafka.json``): a SIGKILL loses what it acknowledged since, records and the producers'
+sequence numbers alike, as a Kafka broker that lost its log tail would. Tests that must
+not lose acknowledged records wait :data:`PERSIST_S` before a kill.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -22,9 +29,15 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.protocol.metadata import MetadataRequest
 
 from tests.pg_clusters import free_port
 from tests.relay_process import wait_until
+
+# How long after its last change noida-db has surely written its state to disk (it writes
+# about every 2 s; measured: records acknowledged 0.3-2 s before a SIGKILL were gone, those
+# 2.7 s before it kept).
+PERSIST_S = 3.0
 
 
 def noida_binary() -> str:
@@ -49,11 +62,89 @@ class Record:
     headers: dict[str, str]
 
 
+def start_noida(port: int, data_dir: Path) -> subprocess.Popen[bytes]:
+    """noida-db serving Kafka on ``port`` from ``data_dir``, once it listens; its output
+    goes to ``<data_dir>.log`` (appended: a restart adds to it)."""
+    log = data_dir.parent / f"{data_dir.name}.log"
+    with log.open("ab") as out:
+        seen = out.tell()
+        process = subprocess.Popen(
+            [noida_binary(), "start", "--only", "kafka", "--kafka-port", str(port), "--data-dir", str(data_dir)],
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def listening() -> bool:
+        return f"127.0.0.1:{port}" in log.read_bytes()[seen:].decode(errors="replace") or process.poll() is not None
+
+    up = wait_until(listening, timeout=30)
+    if not (up and process.poll() is None):
+        process.kill()
+        process.wait()
+        raise AssertionError(log.read_text(errors="replace")[-2000:])
+    return process
+
+
 @dataclass
 class KafkaService:
     bootstrap: str
     process: subprocess.Popen[bytes]
     data_dir: Path
+
+    @property
+    def port(self) -> int:
+        return int(self.bootstrap.rsplit(":", 1)[1])
+
+    def kill(self) -> None:
+        """SIGKILL the broker (what it acknowledged in its last ~2 s is lost: see the module's
+        docstring)."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def restart(self) -> None:
+        """Start the broker again on its port and data directory, after :meth:`kill`."""
+        assert self.process.poll() is not None, "kill() it first"
+        self.process = start_noida(self.port, self.data_dir)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def delete_topic(self, topic: str) -> None:
+        async def delete() -> None:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            await admin.start()
+            try:
+                await admin.delete_topics([topic])
+            finally:
+                await admin.close()
+
+        asyncio.run(delete())
+
+    def partitions(self, topic: str) -> int | None:
+        """How many partitions ``topic`` has, None if it does not exist; asked with a
+        metadata request that may not create it (the admin client's describe_topics would)."""
+
+        async def ask() -> int | None:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            await admin.start()
+            try:
+                client = admin._client
+                response = await client.send(
+                    client.get_random_node(), MetadataRequest([topic], allow_auto_topic_creation=False)
+                )
+            finally:
+                await admin.close()
+            code, partitions = response.topics[0][0], response.topics[0][-1]
+            return len(partitions) if code == 0 else None
+
+        return asyncio.run(ask())
 
     def create_topic(self, partitions: int = 3, name: str | None = None) -> str:
         topic = name or f"relay-test-{uuid.uuid4().hex[:10]}"
@@ -118,29 +209,24 @@ class KafkaService:
         return asyncio.run(read_all())
 
 
-@pytest.fixture(scope="session")
-def kafka() -> Iterator[KafkaService]:
+def _broker() -> Iterator[KafkaService]:
     data_dir = Path(tempfile.mkdtemp(prefix="relay-noida-"))
     port = free_port()
-    log = data_dir.parent / f"{data_dir.name}.log"
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            [noida_binary(), "start", "--only", "kafka", "--kafka-port", str(port), "--data-dir", str(data_dir)],
-            stdout=out,
-            stderr=out,
-            stdin=subprocess.DEVNULL,
-        )
-    service = KafkaService(f"127.0.0.1:{port}", process, data_dir)
+    service = KafkaService(f"127.0.0.1:{port}", start_noida(port, data_dir), data_dir)
     try:
-        up = wait_until(lambda: f"127.0.0.1:{port}" in log.read_text() or process.poll() is not None, timeout=30)
-        assert up and process.poll() is None, log.read_text()[-2000:]
         yield service
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        service.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
-        log.unlink(missing_ok=True)
+        (data_dir.parent / f"{data_dir.name}.log").unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaService]:
+    yield from _broker()
+
+
+@pytest.fixture
+def own_kafka() -> Iterator[KafkaService]:
+    """A broker of this test's own, which it may kill and restart (about 0.5 s to start)."""
+    yield from _broker()

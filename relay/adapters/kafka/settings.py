@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from relay.contract import PublishLimits
+from relay.contract import DEFAULT_PUBLISH_TIMEOUT, PublishLimits
 from relay.dsn import register_secret
 from relay.errors import ConfigError, shown
 from relay.options import Option
@@ -117,7 +117,10 @@ class KafkaSettings:
     topic: str
     client_id: str = "outbox-relay"
     max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES
-    request_timeout: timedelta = timedelta(seconds=16)
+    # The relay's --publish-timeout (the publisher answers before it), and what one request
+    # to the broker may take (REQUEST_SHARE_OF_PUBLISH_TIMEOUT of it).
+    publish_timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT
+    request_timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT * REQUEST_SHARE_OF_PUBLISH_TIMEOUT
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str = "PLAIN"
     sasl_username: str | None = None
@@ -161,6 +164,7 @@ class KafkaSettings:
             topic=check_topic(topic),
             client_id=values.get("kafka_client_id") or "outbox-relay",
             max_message_bytes=int(values.get("kafka_max_message_size") or KAFKA_MAX_MESSAGE_BYTES),
+            publish_timeout=limits.publish_timeout,
             request_timeout=limits.publish_timeout * REQUEST_SHARE_OF_PUBLISH_TIMEOUT,
             security_protocol=protocol,
             sasl_mechanism=values.get("kafka_sasl_mechanism") or "PLAIN",
