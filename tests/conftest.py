@@ -39,6 +39,7 @@ pytest_plugins = (
     "tests.kafka_broker",
     "tests.nats_server",
     "tests.console_seed",
+    "tests.http_receiver",
 )
 
 

@@ -29,17 +29,19 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 import psycopg
+import pytest
 from aiohttp import web
 from psycopg import sql
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from tests.pg_clusters import free_port
-from tests.relay_process import wait_until
+from tests.relay_process import RelayProcess, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -215,3 +217,37 @@ async def main() -> None:
 
 if __name__ == "__main__":
     asyncio.run(main())
+
+
+# Standard Webhooks signing secrets the tests sign with (a rotation's old and new).
+SECRET_OLD = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SECRET_NEW = "whsec_" + "c2VjcmV0LWZvci10aGUtbmV3LXJvdGF0aW9uLWtleQ=="
+
+
+@pytest.fixture
+def receivers(pg_dsn: str, tmp_path: Path) -> Iterator[Callable[..., Receiver]]:
+    """``receivers(RECEIVER_SCRIPT=..., port=...)``: a receiver process, closed after the test."""
+    made: list[Receiver] = []
+
+    def make(**env: Any) -> Receiver:
+        port = env.pop("port", None)
+        receiver = Receiver(pg_dsn, tmp_path, port=port, **{k: str(v) for k, v in env.items()})
+        made.append(receiver)
+        return receiver
+
+    yield make
+    for receiver in made:
+        receiver.close()
+
+
+def http_relay(names: Any, url: str, *extra: str, env: dict[str, str], relays: list[RelayProcess]) -> RelayProcess:
+    """`relay start --broker http` on outbox ``names`` to ``url``, with short leases,
+    timeouts and backoffs for tests; appended to ``relays``."""
+    relay = RelayProcess(
+        "start", "--schema", names.schema, "--broker", "http", "--url", url,
+        "--workers", "2", "--batch-size", "20", "--lease", "5s", "--publish-timeout", "3s",
+        "--poll-interval", "100ms", "--backoff-base", "100ms", "--backoff-cap", "300ms", *extra,
+        env=env,
+    )  # fmt: skip
+    relays.append(relay)
+    return relay

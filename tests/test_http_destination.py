@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,39 +28,10 @@ import trustme
 
 from tests.conftest import Db
 from tests.deliveries import ORDERED, store_fleet_ordering
-from tests.http_receiver import Receiver
+from tests.http_receiver import SECRET_NEW, SECRET_OLD, Receiver, http_relay
 from tests.pg_clusters import free_port
 from tests.producers import KILLED_RELAYS_RUN, Arrival, order_violations, producers_of_kind
 from tests.relay_process import RelayProcess, kill_relays_while, relay_env, run_relay, wait_until
-
-SECRET_OLD = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-SECRET_NEW = "whsec_" + "c2VjcmV0LWZvci10aGUtbmV3LXJvdGF0aW9uLWtleQ=="
-
-
-@pytest.fixture
-def receivers(pg_dsn: str, tmp_path: Path) -> Iterator[Callable[..., Receiver]]:
-    made: list[Receiver] = []
-
-    def make(**env: Any) -> Receiver:
-        port = env.pop("port", None)
-        receiver = Receiver(pg_dsn, tmp_path, port=port, **{k: str(v) for k, v in env.items()})
-        made.append(receiver)
-        return receiver
-
-    yield make
-    for receiver in made:
-        receiver.close()
-
-
-def http_relay(names: Any, url: str, *extra: str, env: dict[str, str], relays: list[RelayProcess]) -> RelayProcess:
-    relay = RelayProcess(
-        "start", "--schema", names.schema, "--broker", "http", "--url", url,
-        "--workers", "2", "--batch-size", "20", "--lease", "5s", "--publish-timeout", "3s",
-        "--poll-interval", "100ms", "--backoff-base", "100ms", "--backoff-cap", "300ms", *extra,
-        env=env,
-    )  # fmt: skip
-    relays.append(relay)
-    return relay
 
 
 def test_each_answer_is_sorted_into_its_failure_class(

@@ -12,7 +12,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from email.utils import formatdate
 from pathlib import Path
 from typing import Any
@@ -21,24 +21,8 @@ import pytest
 from psycopg import sql
 
 from tests.conftest import Db
-from tests.http_receiver import Receiver
+from tests.http_receiver import SECRET_OLD, Receiver, http_relay
 from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
-from tests.test_http_destination import SECRET_OLD, http_relay
-
-
-@pytest.fixture
-def receivers(pg_dsn: str, tmp_path: Path) -> Iterator[Callable[..., Receiver]]:
-    made: list[Receiver] = []
-
-    def make(**env: Any) -> Receiver:
-        port = env.pop("port", None)
-        receiver = Receiver(pg_dsn, tmp_path, port=port, **{k: str(v) for k, v in env.items()})
-        made.append(receiver)
-        return receiver
-
-    yield make
-    for receiver in made:
-        receiver.close()
 
 
 def insert_with_headers(db: Db, aggregate_id: str, event_type: str, headers: dict[str, str]) -> int:

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from relay.adapters.header_text import header_value
-from relay.adapters.http import redirects
 from relay.adapters.http.classify import BODY_SHOWN_BYTES, classify_status
 from relay.adapters.http.deferrals import Deferrals
+from relay.adapters.http.redirects import MAX_REDIRECTS, Redirect, next_hop, too_many
 from relay.adapters.http.settings import PRODUCER_REFUSED_HEADERS, RESERVED_HEADERS, HttpSettings
 from relay.adapters.http.signing import signature
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome, each_message, publish_deadline
@@ -220,14 +220,14 @@ class HttpPublisher:
             self._slots.release()
 
     async def _request(self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str]) -> Outcome:
-        """The request, and the redirects it may follow (:mod:`redirects`), until a status
+        """The request, and the redirects it may follow (:mod:`relay.adapters.http.redirects`), until a status
         line that is no followed redirect, within ``--http-timeout``; that answer's outcome."""
         s = self.settings
         loop = asyncio.get_running_loop()
         until = loop.time() + s.timeout.total_seconds()
         url = s.url
         try:
-            for _hop in range(redirects.MAX_REDIRECTS + 1):
+            for _hop in range(MAX_REDIRECTS + 1):
                 async with asyncio.timeout_at(until):
                     response = await session.request(
                         s.method, url, data=body, headers=headers, allow_redirects=False, timeout=_NO_AIOHTTP_TIMEOUT
@@ -249,7 +249,7 @@ class HttpPublisher:
                         response.release()
                     else:
                         response.close()
-            return redirects.too_many(url, where=self._where)
+            return too_many(url, where=self._where)
         except aiohttp.ClientConnectorError as exc:
             # Refused, no such host, TLS handshake or certificate: nothing was sent.
             return BrokerUnavailable(f"{self._where} unreachable: {_said(exc)}")
@@ -268,12 +268,12 @@ class HttpPublisher:
             log.warning("unexpected error sending to %s: %s", self._where, _said(exc))
             return RetryableError(f"{self._where}: the request failed unexpectedly: {_said(exc)}")
 
-    def _next_hop(self, response: aiohttp.ClientResponse, url: str) -> redirects.Redirect | BaseException | None:
+    def _next_hop(self, response: aiohttp.ClientResponse, url: str) -> Redirect | BaseException | None:
         """For a 3xx followed under --http-follow-redirects, where to (or why not); None
         for any other answer."""
         if not (self.settings.follow_redirects and 300 <= response.status < 400):
             return None
-        return redirects.next_hop(response.status, response.headers, url, home=self.settings.url, where=self._where)
+        return next_hop(response.status, response.headers, url, home=self.settings.url, where=self._where)
 
     def _outcome(self, response: aiohttp.ClientResponse, body: bytes, url: str) -> Outcome:
         """The outcome of a final answer: a 2xx is delivered, whatever its body did (its
