@@ -194,3 +194,23 @@ async def test_finalize_commits_without_waiting_for_a_wal_flush_and_claims_do(
     assert db.statuses() == {"done": 30}
     assert claims_synced >= 30, f"the claims waited for {claims_synced} flushes: the count cannot tell"
     assert finalizes_synced < 10, f"30 finalizes waited for {finalizes_synced} WAL flushes"
+
+
+async def test_no_statement_of_the_ingest_plans_a_disabled_scan(store: OutboxStore, db: Db) -> None:
+    """Under ingest_plans (no sequential scans) a statement that must still scan a table
+    costs as disabled (10^10), and that cost alone makes a session with JIT on (the
+    database's default; the relay's own sessions turn it off, an embedding's may not)
+    compile the statement: 0.8 s of a 1 ms ingest, which made every claim run out a 1 s
+    lease. Each statement's estimate stays below the JIT threshold."""
+    db.insert([("a", "E", {}), ("b", "E", {})])
+    async with store.pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT current_setting('jit_above_cost')::float8")
+        threshold = (await cur.fetchone() or (0.0,))[0]
+        await conn.execute(store.query("ingest_plans"))
+        for name in ("ingest_lock", "ingest", "ingest_by_id"):
+            cur = await conn.execute(
+                "EXPLAIN (FORMAT JSON) " + store.query(name).as_string(conn), {"transactions": 5000}
+            )
+            [[plan]] = await cur.fetchall()
+            cost = plan[0]["Plan"]["Total Cost"]
+            assert cost < threshold, (name, cost)
