@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from relay.dsn import describe_url
 from relay.errors import ConfigError, shown
 from relay.globs import glob_matches
 from relay.options import Option
@@ -70,8 +71,13 @@ NO_DESTINATION = "(no destination)"
 
 def shown_destination(value: str) -> str:
     """A destination as logs, `relay status` and the metrics' label show it: the default
-    exchange, whose name is empty, said in words."""
-    return value if value else "'' (the default exchange)"
+    exchange, whose name is empty, said in words; an HTTP destination's URL without its
+    password, query or fragment (a query may carry a key too short for the mask to know)."""
+    if not value:
+        return "'' (the default exchange)"
+    if value.startswith(("http://", "https://")) and any(c in value for c in "?#@"):
+        return describe_url(value)
+    return value
 
 
 def default_destination(values: Mapping[str, Any], broker: str) -> str | None:

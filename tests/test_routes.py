@@ -50,6 +50,16 @@ def test_the_first_matching_route_wins_and_the_rest_go_to_the_default() -> None:
     assert routes[0].destination == ORDERS and routes[1].broker == "sqs"
 
 
+def test_an_http_routes_destination_is_shown_without_its_password_query_or_fragment() -> None:
+    """What logs, `relay status`, readiness and the metrics' labels name an HTTP route by:
+    a query value (an API key) shorter than the mask's six characters would be shown in
+    every one of them otherwise."""
+    [route] = routes_from(
+        [{"match": ["Order*"], "url": "https://hook:s3cr3tpw@api.example.com:8443/in?key=ab1#x"}], broker="http"
+    )
+    assert route.destination == "https://hook@api.example.com:8443/in"
+
+
 def test_aws_brokers_mix_queues_and_topics_and_the_command_line_form_takes_the_brokers_kind() -> None:
     [queue, topic] = routes_from(
         [{"match": ["Order*"], "queue_url": ORDERS}, {"match": "Invoice*", "topic_arn": TOPIC}]
