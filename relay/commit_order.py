@@ -30,9 +30,9 @@ from typing import Any, Literal
 import psycopg
 from psycopg import errors, sql
 
+from relay.db.names import OutboxNames
+from relay.db.statements import named_queries
 from relay.errors import ConfigError
-from relay.sqlfiles import named_queries
-from relay.sqlnames import OutboxNames
 
 log = logging.getLogger("relay.commit_order")
 
@@ -41,7 +41,7 @@ CommitOrder = Literal["stamp", "id"]
 # How long a switch waits for the producers' transactions in flight (and the relays'
 # claims) to release the outbox before it gives up, changing nothing.
 LOCK_TIMEOUT = timedelta(seconds=30)
-# Committed transactions one turn of the switch's numbering takes (relay.store's
+# Committed transactions one turn of the switch's numbering takes (relay.db.dispatch's
 # INGEST_TRANSACTIONS; the switch repeats turns until nothing is left).
 TURN_TRANSACTIONS = 5000
 

@@ -12,13 +12,13 @@ from typing import Any
 
 from relay.backoff import Backoff
 from relay.contract import BROKERS, PublishLimits
-from relay.db import SessionLimits
+from relay.db.dispatch import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, MIN_BATCH_BYTES
+from relay.db.names import OutboxNames
+from relay.db.session import SessionLimits
 from relay.decide import Policy
 from relay.errors import ConfigError
 from relay.options import DAY, HOUR, MINUTE, MS, SECOND, Option, SizeOption
 from relay.ordering import OrderingMap
-from relay.sqlnames import OutboxNames
-from relay.store import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, MIN_BATCH_BYTES
 from relay.worker import WorkerConfig, lease_margin
 
 CORE_OPTIONS: tuple[Option, ...] = (

@@ -15,9 +15,9 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
+from relay.db.names import IDENTIFIER_MAX, OutboxNames
+from relay.db.statements import named_grants
 from relay.errors import ConfigError, shown
-from relay.sqlfiles import named_grants
-from relay.sqlnames import IDENTIFIER_MAX, OutboxNames
 
 # The advisory lock key that serializes grants within one database (see grant()).
 GRANTS_LOCK = "outbox-relay:grants"

@@ -24,11 +24,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from psycopg_pool import AsyncConnectionPool
 
-from relay.db import connect
+from relay.db import readmodel
+from relay.db.names import OutboxNames
+from relay.db.session import connect
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable, shown
-from relay.ops import queries
-from relay.sqlnames import OutboxNames
 
 log = logging.getLogger("relay.httpd")
 
@@ -157,7 +157,7 @@ def database_check(dsn: str, names: OutboxNames) -> ReadyCheck:
             return False, f"database: {exc}"
         try:
             async with conn:
-                await queries.ready_probe(conn, names)
+                await readmodel.ready_probe(conn, names)
         except psycopg.Error as exc:
             return False, f"database: {type(exc).__name__}: {exc}"
         return True, "database reachable"
@@ -172,7 +172,7 @@ def pool_check(pool: AsyncConnectionPool[Any], names: OutboxNames) -> ReadyCheck
     async def check() -> tuple[bool, str]:
         try:
             async with pool.connection(timeout=READY_TIMEOUT_S) as conn:
-                await queries.ready_probe(conn, names)
+                await readmodel.ready_probe(conn, names)
         except Exception as exc:  # a pool timeout is not a psycopg.Error
             return False, f"database: {type(exc).__name__}: {exc}"
         return True, "database reachable"

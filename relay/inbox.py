@@ -52,9 +52,9 @@ from typing import Any
 import psycopg
 
 from relay._transactions import async_runner, first, sync_runner
+from relay.db.names import OutboxNames
+from relay.db.statements import named_queries
 from relay.errors import ConfigError
-from relay.sqlfiles import named_queries
-from relay.sqlnames import OutboxNames
 
 __all__ = [
     "ConnectionShared",

@@ -20,10 +20,10 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from relay.db.names import OutboxNames
+from relay.db.rows import Conn
 from relay.message import KINDS, Decision
-from relay.ops.queries import Conn
 from relay.ops.status import StatusSummary, read_summary
-from relay.sqlnames import OutboxNames
 
 # The `outcome` label: what became of a message, as relay.message.Decision names it.
 OUTCOMES: Final = KINDS
@@ -154,7 +154,7 @@ class RelayMetrics:
 
     def decisions(self, decisions: Iterable[Decision], refused: Iterable[int] = ()) -> None:
         """Count a finalized batch: each decision whose write was not refused (see
-        :meth:`relay.store.OutboxStore.finalize`); each refused id is a lost lease."""
+        :meth:`relay.db.dispatch.OutboxStore.finalize`); each refused id is a lost lease."""
         lost = set(refused)
         for d in decisions:
             if d.message.id in lost:

@@ -23,9 +23,9 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from relay.db.names import OutboxNames
+from relay.db.statements import migrations, named_queries
 from relay.errors import ConfigError, DatabaseUnavailable
-from relay.sqlfiles import migrations, named_queries
-from relay.sqlnames import OutboxNames
 
 log = logging.getLogger("relay.migrate")
 

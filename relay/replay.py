@@ -35,6 +35,9 @@ import psycopg
 
 from relay.backoff import Backoff
 from relay.contract import Outcome, Publisher, publish_within
+from relay.db.dispatch import Unreadable, message_from_row, payload_cursor
+from relay.db.names import OutboxNames
+from relay.db.statements import named_queries
 from relay.dbtext import SQL_ASCII, server_encoding
 from relay.decide import describe, describe_text
 from relay.dsn import mask
@@ -51,9 +54,6 @@ from relay.errors import (
 )
 from relay.message import OutboxMessage
 from relay.ordering import names_and_patterns
-from relay.sqlfiles import named_queries
-from relay.sqlnames import OutboxNames
-from relay.store import Unreadable, message_from_row, payload_cursor
 from relay.tracing import NO_TRACING, Tracing
 
 log = logging.getLogger("relay.replay")

@@ -27,7 +27,8 @@ from psycopg_pool import AsyncConnectionPool
 from relay.breaker import CircuitBreaker
 from relay.config import RelaySettings
 from relay.contract import Publisher, ReportsUnroutable, WatchesDestinations
-from relay.db import TRANSIENT_DB_ERRORS, check_schema, connect, open_pool
+from relay.db.dispatch import OutboxStore
+from relay.db.session import TRANSIENT_DB_ERRORS, check_schema, connect, open_pool
 from relay.dbtext import SQL_ASCII, server_encoding
 from relay.errors import ConfigError, DatabaseUnavailable, first_line
 from relay.isolation import PublishTurns
@@ -35,7 +36,6 @@ from relay.oversize import OversizeTurn
 from relay.readiness import Destinations, not_ready
 from relay.shared_settings import Given, SharedSettings, disagreements, read_settings
 from relay.sleep import sleep_unless_stopped
-from relay.store import OutboxStore
 from relay.tracing import Tracing
 from relay.wakeup import Presence, listen
 from relay.worker import Worker, WorkerStats

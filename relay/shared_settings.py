@@ -28,11 +28,11 @@ from psycopg.rows import dict_row
 
 from relay.commit_order import CommitOrder, switch
 from relay.config import ORDERING_OPTIONS, START_OPTIONS
+from relay.db.names import OutboxNames
+from relay.db.statements import named_queries
 from relay.errors import ConfigError
 from relay.options import Option, source_of
 from relay.ordering import OrderingMap
-from relay.sqlfiles import named_queries
-from relay.sqlnames import OutboxNames
 
 Conn = psycopg.AsyncConnection[Any]
 

@@ -27,11 +27,11 @@ import psycopg
 from psycopg import sql
 
 from relay.backoff import Backoff
-from relay.db import connect
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
+from relay.db.session import connect
 from relay.errors import DatabaseUnavailable, first_line
 from relay.sleep import sleep_unless_stopped
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 
 log = logging.getLogger("relay.wakeup")
 

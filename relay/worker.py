@@ -1,6 +1,6 @@
 """The dispatch loop: claim, publish outside any transaction, fenced finalize.
 
-The loop never sees SQL (that is :mod:`relay.store`) nor SDK types (those stay in
+The loop never sees SQL (that is :mod:`relay.db.dispatch`) nor SDK types (those stay in
 ``relay/adapters/``). It holds no connection, transaction or row lock while it publishes.
 """
 
@@ -18,14 +18,14 @@ from typing import Protocol, TypeVar
 from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
 from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher, publish_within
-from relay.db import TRANSIENT_DB_ERRORS
+from relay.db.dispatch import DEFAULT_BATCH_BYTES, OutboxStore, Reaped
+from relay.db.session import TRANSIENT_DB_ERRORS
 from relay.decide import Policy, describe, failure_class
 from relay.errors import BrokerUnavailable, DestinationUnavailable, SharedFailure, first_line, is_classified
 from relay.isolation import PublishTurns
 from relay.message import Decision, Kind, OutboxMessage, log_fields
 from relay.oversize import OversizeTurn
 from relay.sleep import sleep_unless_stopped
-from relay.store import DEFAULT_BATCH_BYTES, OutboxStore, Reaped
 from relay.tracing import NO_TRACING, Tracing
 from relay.wakeup import Presence
 

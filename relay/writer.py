@@ -39,9 +39,9 @@ from typing import Any
 from psycopg import sql
 
 from relay._transactions import async_runner, sync_runner
+from relay.db.names import OutboxNames
 from relay.errors import ConfigError, shown
 from relay.message import producer_headers
-from relay.sqlnames import OutboxNames
 
 __all__ = ["Event", "Outbox", "to_json"]
 

@@ -38,15 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.contract import Outcome
-from relay.db import configure_session, open_pool
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
+from relay.db.session import configure_session, open_pool
 from relay.message import OutboxMessage
 from relay.migrate import migrate
 from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
 from relay.shared_settings import SettingsUpdate, store_ordering, update_settings
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from relay.worker import Worker, WorkerConfig
 from scripts.procstat import CpuMeter
 from scripts.reference_schema import REFERENCE_DDL
@@ -326,8 +326,8 @@ def drain_scenario(
 async def claim_latency_relay(dsn: str, samples: int, batch: int) -> list[float]:
     """Time the relay's whole claim transaction (reap, ingest, both claims), rolled back."""
     names = OutboxNames(RELAY_SCHEMA)
-    from relay.sqlfiles import named_queries
-    from relay.store import DEFAULT_BATCH_BYTES, INGEST_TRANSACTIONS
+    from relay.db.dispatch import DEFAULT_BATCH_BYTES, INGEST_TRANSACTIONS
+    from relay.db.statements import named_queries
 
     q = {name: names.render(text) for name, text in named_queries().items()}
     params = {

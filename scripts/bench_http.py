@@ -34,8 +34,8 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from relay.sqlfiles import schema_sql
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
+from relay.db.statements import schema_sql
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bench_http"

@@ -50,9 +50,9 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from relay.commit_order import CommitOrder
+from relay.db.names import OutboxNames
+from relay.db.statements import migrations, named_queries
 from relay.shared_settings import SettingsUpdate, update_settings
-from relay.sqlfiles import migrations, named_queries
-from relay.sqlnames import OutboxNames
 from scripts.procstat import process_cpu
 from scripts.reference_schema import REFERENCE_DDL
 

@@ -46,8 +46,8 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from relay.db.names import OutboxNames
 from relay.ordering import OrderingMap
-from relay.sqlnames import OutboxNames
 from scripts.bench_rabbitmq import (
     EVENT_TYPES,
     Topology,

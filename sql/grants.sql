@@ -1,6 +1,6 @@
 -- The privileges of the two roles besides the owner (relay.grants), one statement per
 -- `-- name --` header with a one-line description, loaded beside queries.sql by
--- relay.sqlfiles. `relay migrate --grant-producer/--grant-relay` runs them and `relay
+-- relay.db.statements. `relay migrate --grant-producer/--grant-relay` runs them and `relay
 -- grants` prints them for a DBA. Placeholders as in queries.sql, plus {role} (the grantee)
 -- and {database} (the current database): every one is a quoted identifier.
 --

@@ -1,6 +1,6 @@
 -- The statements `relay migrate` runs besides the migrations themselves (relay.migrate),
 -- one per `-- name --` header with a one-line description, loaded beside queries.sql by
--- relay.sqlfiles. Values are always bound parameters.
+-- relay.db.statements. Values are always bound parameters.
 
 -- migrate_access --
 -- Who is migrating and what that role may do, asked before anything is created so that a refusal can name the privilege it lacks.

@@ -1,6 +1,6 @@
 -- The operator tools' statements (relay status, explain, dead, release, prune, and the metrics'
 -- gauges and readiness probe), one per `-- name --` header with a one-line description,
--- loaded beside queries.sql by relay.sqlfiles. Placeholders as in queries.sql; values are
+-- loaded beside queries.sql by relay.db.statements. Placeholders as in queries.sql; values are
 -- always bound parameters.
 --
 -- A table that keeps history holds millions of done rows, so nothing here reads them by a

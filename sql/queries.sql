@@ -1,7 +1,7 @@
 -- Every statement the relay runs, one per `-- name --` header, with a one-line
--- description under it. relay.sqlfiles parses this file once; relay.store is the only
+-- description under it. relay.db.statements parses this file once; relay.db.dispatch is the only
 -- module that names these queries (relay.shared_settings the settings_* ones).
--- Identifiers are filled in by relay.sqlnames (see migrations/0001_outbox.sql); values
+-- Identifiers are filled in by relay.db.names (see migrations/0001_outbox.sql); values
 -- are always bound parameters.
 --
 -- All times come from the database clock (now()), so clock skew between relay hosts

@@ -1,5 +1,5 @@
 -- `relay replay`'s statements, one per `-- name --` header, loaded beside queries.sql by
--- relay.sqlfiles. Placeholders as in queries.sql; values are always bound parameters.
+-- relay.db.statements. Placeholders as in queries.sql; values are always bound parameters.
 --
 -- A replay never writes the outbox: it reads finished rows (delivered ones; skipped and
 -- dead ones when asked, by the history rule <table>_history) through a plan kept in a temporary table of its own session. The plan is taken once, in
@@ -83,7 +83,7 @@ SELECT count(*)::bigint, min(p.id), max(p.id), count(DISTINCT o.aggregate_id)::b
   LEFT JOIN {outbox} AS o ON o.id = p.id;
 
 -- replay_page --
--- The next plan rows after rank %(after)s: at most %(count)s, and no more payload than %(budget)s bytes but at least one row. LEFT JOIN: a row pruned, or no longer what the plan took (a dead row re-driven, or skipped, meanwhile), since the plan was taken comes back without its columns and is not replayed. Columns after rank and resume_from are the claims' RETURNING list, in its order (relay.store.message_from_row reads them).
+-- The next plan rows after rank %(after)s: at most %(count)s, and no more payload than %(budget)s bytes but at least one row. LEFT JOIN: a row pruned, or no longer what the plan took (a dead row re-driven, or skipped, meanwhile), since the plan was taken comes back without its columns and is not replayed. Columns after rank and resume_from are the claims' RETURNING list, in its order (relay.db.dispatch.message_from_row reads them).
 WITH page AS (
     SELECT p.rank, p.id, p.resume_from, sum(p.bytes) OVER (ORDER BY p.rank) AS running
       FROM pg_temp.relay_replay_plan AS p

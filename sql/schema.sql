@@ -14,8 +14,8 @@
 -- this file is indistinguishable from a migrated one, and `relay migrate` finds it up to
 -- date and applies later migrations to it as to any other.
 --
--- Loaded into a schema that already exists (relay.sqlfiles.schema_sql(), rendered by
--- relay.sqlnames.OutboxNames.render, like a migration), in one transaction. Placeholders
+-- Loaded into a schema that already exists (relay.db.statements.schema_sql(), rendered by
+-- relay.db.names.OutboxNames.render, like a migration), in one transaction. Placeholders
 -- are those of the migrations, filled in with quoted identifiers:
 --   {outbox}  the outbox table, schema-qualified
 --   {q_X}     a schema-qualified object named "<table>_X"

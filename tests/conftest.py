@@ -21,12 +21,12 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
+from relay.db.statements import schema_sql
 from relay.grants import Grantee, grant
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
-from relay.sqlfiles import schema_sql
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.helpers import create_outbox_at
 from tests.relay_process import RelayProcess
 from tests.services import SKIP_PG, postgres_dsn, require_services

@@ -19,12 +19,12 @@ from relay.console.app import Console, ConsoleConfig, make_app
 from relay.console.auth import Guard, parse_token
 from relay.console.history import History
 from relay.console.server import start_sampling
-from relay.db import open_pool
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
+from relay.db.session import open_pool
 from relay.dsn import describe_dsn
 from relay.message import Decision
 from relay.ordering import OrderingMap
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.ops_helpers import claim_until
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import aio_pika
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.producers import count_inversions, first_deliveries, order_violations
 from tests.rabbitmq_broker import AmqpService, unique

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.deliveries import Delivery
 
 AUDIT_SQL = """

@@ -35,8 +35,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from relay.db.names import OutboxNames
 from relay.metrics import FAILURE_CLASSES, OUTCOMES, QUEUE_STATUSES
-from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.relay_process import RelayProcess, relay_env, wait_until
 from tests.services import require_services

@@ -18,8 +18,8 @@ from typing import Any
 
 from psycopg import sql
 
+from relay.db.dispatch import OutboxStore
 from relay.message import Decision, OutboxMessage
-from relay.store import OutboxStore
 from relay.worker import Worker
 from tests.conftest import Db
 from tests.relay_process import run_relay

@@ -33,7 +33,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Roles
 from tests.deliveries import ORDERED, store_fleet_ordering
 from tests.pg_clusters import free_port

@@ -34,9 +34,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from relay.db.names import OutboxNames
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
-from relay.sqlnames import OutboxNames
 
 if TYPE_CHECKING:
     from tests.conftest import Db

@@ -32,8 +32,8 @@ import pytest
 
 from relay.adapters.rabbitmq.publisher import RabbitPublisher
 from relay.adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
+from relay.db.names import OutboxNames
 from relay.message import OutboxMessage
-from relay.sqlnames import OutboxNames
 from tests.services import docker_answers, require_services
 
 SKIP_AMQP = (

@@ -42,7 +42,7 @@ async def test_autogenerate_leaves_the_relays_tables_alone(pg_dsn: str, schema: 
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from relay.sqlnames import OutboxNames
+    from relay.db.names import OutboxNames
 
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await migrate(conn, OutboxNames(schema=schema, table="outbox"))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.metric_names import (
     ALERT_RULES,

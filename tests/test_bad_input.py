@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.store import OutboxStore
+from relay.db.dispatch import OutboxStore
 from tests.conftest import Db
 from tests.ops_helpers import claim_until, kill, target
 from tests.relay_process import RELAY, assert_one_line_error, relay_env, run_relay

@@ -21,13 +21,13 @@ from relay.adapters.sqs import SqsSettings
 from relay.adapters.sqs.publisher import SqsPublisher
 from relay.config import START_OPTIONS, RelaySettings
 from relay.contract import Outcome, Publisher
+from relay.db.dispatch import DEFAULT_BATCH_BYTES, OutboxStore
 from relay.errors import ConfigError
 from relay.message import OutboxMessage
 from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.oversize import OversizeTurn
 from relay.sizes import format_size, parse_size
-from relay.store import DEFAULT_BATCH_BYTES, OutboxStore
 from relay.worker import Worker, WorkerConfig
 from tests.conftest import Db
 from tests.rabbitmq_broker import Rabbit

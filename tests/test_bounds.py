@@ -13,11 +13,11 @@ import pytest
 
 from relay.cli.common import ALL_OPTIONS, AsciiInt
 from relay.config import CORE_OPTIONS, OPERATE_OPTIONS, START_OPTIONS
+from relay.db.names import OutboxNames
 from relay.durations import MAX_DURATION, parse_duration
 from relay.errors import ConfigError
 from relay.options import MAX_CONFIG_BYTES, load_file, resolve
 from relay.runner import Operations
-from relay.sqlnames import OutboxNames
 
 REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "cli.md"
 OPTIONS = (*CORE_OPTIONS, *START_OPTIONS, *OPERATE_OPTIONS)

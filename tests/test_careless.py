@@ -19,8 +19,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from relay import ConfigError, Event, Outbox, Relay, to_json
+from relay.db.names import OutboxNames
 from relay.dsn import describe_dsn
-from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.helpers import sqlalchemy_url
 from tests.relay_process import assert_one_line_error, relay_env, run_relay, wait_until_async

@@ -9,10 +9,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from relay.db.dispatch import OutboxStore
 from relay.message import Decision
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
-from relay.store import OutboxStore
 from tests.conftest import Db
 
 LONG = timedelta(seconds=30)

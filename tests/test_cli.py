@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.sqlfiles import migrations
+from relay.db.statements import migrations
 from tests.conftest import Db
 from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
 

@@ -24,7 +24,10 @@ from psycopg.conninfo import make_conninfo
 from relay.adapters.memory import InMemoryPublisher
 from relay.commit_order import CommitOrder, ingest_by_id
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
-from relay.db import open_pool
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
+from relay.db.session import open_pool
+from relay.db.statements import named_queries
 from relay.grants import Grantee, grant
 from relay.message import Decision, OutboxMessage
 from relay.migrate import migrate
@@ -33,9 +36,6 @@ from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
 from relay.shared_settings import read_settings, store_ordering
-from relay.sqlfiles import named_queries
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.conftest import Db, Roles
 from tests.helpers import set_commit_order
 from tests.producers import (
@@ -216,7 +216,7 @@ async def test_under_commit_order_id_a_producer_that_does_not_lock_is_reported(
         t2.commit()
         [first] = await deliver(store)
         t1.commit()
-        with caplog.at_level("WARNING", logger="relay.store"):
+        with caplog.at_level("WARNING", logger="relay.db.dispatch"):
             [second] = await deliver(store)
     assert (first.id, second.id) == (late, early)
     assert [m.aggregate_seq for m in (first, second)] == [1, 2]

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
+from relay.db.names import OutboxNames
 from relay.durations import format_duration, parse_duration
 from relay.errors import ConfigError
 from relay.options import Given, check_file_keys, load_file, resolve, source_of
-from relay.sqlnames import OutboxNames
 
 OPTIONS = (*CORE_OPTIONS, *START_OPTIONS)
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.console_seed import BILLING_500, SECRET, RunningConsole, Seeded
 from tests.deliveries import QueueReader

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.console_seed import SECRET, TOKEN
 from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay
 

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 
 from relay.console import pages
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
 from relay.message import Decision
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.console_seed import (
     BILLING_500,

@@ -39,7 +39,7 @@ from relay import (
     WebhookRejected,
     received_from_webhook,
 )
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.pg_clusters import free_port
 from tests.rabbitmq_broker import Rabbit

@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.orders_pipeline import ROOT, Effect, read_rows, run_pipeline, start_process
 from tests.orders_pipeline import orders_service as orders_service  # the fixture, for pytest to find
 from tests.rabbitmq_broker import Rabbit

@@ -18,12 +18,12 @@ import psycopg
 import pytest
 from psycopg import conninfo, sql
 
-from relay.db import open_pool
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
+from relay.db.session import open_pool
 from relay.dbtext import not_utf8, storable
 from relay.decide import describe_text
 from relay.message import Decision
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.conftest import Roles, dsn_as
 from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
 

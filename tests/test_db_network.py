@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from relay.db import NETWORK_DEFAULTS, network_defaults
+from relay.db.session import NETWORK_DEFAULTS, network_defaults
 
 
 def test_a_dsn_without_them_gets_every_default() -> None:
@@ -43,7 +43,7 @@ def test_a_malformed_dsn_is_left_to_the_connection_attempt() -> None:
 
 
 async def test_a_relay_connection_carries_them(pg_dsn: str) -> None:
-    from relay.db import connect
+    from relay.db.session import connect
 
     conn = await connect(pg_dsn + ("&" if "?" in pg_dsn else "?") + "keepalives_idle=42")
     async with conn:
@@ -54,7 +54,7 @@ async def test_a_relay_connection_carries_them(pg_dsn: str) -> None:
 
 
 async def test_the_kernel_gets_them_on_every_pool_connection(pg_dsn: str) -> None:
-    from relay.db import open_pool
+    from relay.db.session import open_pool
 
     pool = await open_pool(pg_dsn, size=1)
     try:
@@ -95,7 +95,7 @@ async def silent_host() -> AsyncIterator[int]:
 async def test_a_silent_first_host_costs_connect_timeout_then_the_next_host_answers(pg_dsn: str) -> None:
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    from relay.db import CONNECT_TIMEOUT_S, connect
+    from relay.db.session import CONNECT_TIMEOUT_S, connect
 
     given = conninfo_to_dict(pg_dsn)
     async with silent_host() as port:

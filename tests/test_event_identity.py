@@ -16,11 +16,11 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from relay import Event, Outbox
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
 from relay.message import Decision, OutboxMessage
 from relay.migrate import migrate
 from relay.ops.prune import prune
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.conftest import Db
 
 LEASE = timedelta(seconds=30)

@@ -43,7 +43,7 @@ import pytest
 from psycopg import sql
 
 from relay.commit_order import CommitOrder
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.deliveries import ORDERED, Delivery, QueueReader, check_deliveries, read_queue, store_fleet_ordering
 from tests.helpers import set_commit_order, terminate_relay_sessions

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+from relay.db.dispatch import OutboxStore
 from relay.message import Decision, OutboxMessage
 from relay.ordering import OrderingMap
-from relay.store import OutboxStore
 from tests.conftest import Db
 
 MAX_ATTEMPTS = 3

@@ -15,11 +15,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from relay.db.names import OutboxNames
 from relay.grants import Grantee, grant
 from relay.migrate import migrate
 from relay.ordering import OrderingMap
 from relay.shared_settings import store_ordering
-from relay.sqlnames import OutboxNames
 from tests.conftest import Db, dsn_as
 from tests.helpers import record_listeners
 from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until

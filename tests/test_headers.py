@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from psycopg import sql
 
+from relay.db.dispatch import OutboxStore
 from relay.message import RELAY_HEADERS, OutboxMessage, producer_headers
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.helpers import make_worker, outbox_message
 

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.rabbitmq_broker import Rabbit
 from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until_async

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from psycopg import sql
 
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
 from relay.ordering import OrderingMap
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.ops_helpers import claim_until, kill, run_parallel, target
 from tests.rabbitmq_broker import Rabbit, relay_args

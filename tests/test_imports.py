@@ -140,7 +140,8 @@ def test_reading_the_brokers_options_loads_no_dispatch_path() -> None:
     # store, the database pool or an SDK.
     code = (
         "import sys, relay.adapters.registry; relay.adapters.registry.broker_options();"
-        " loaded = [m for m in ('relay.worker', 'relay.store', 'relay.config', 'psycopg_pool', 'aio_pika', 'boto3')"
+        " loaded = [m for m in ('relay.worker', 'relay.db.dispatch', 'relay.config', 'psycopg_pool', 'aio_pika',"
+        " 'boto3')"
         " if m in sys.modules]; print(','.join(loaded))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)

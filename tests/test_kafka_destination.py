@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import pytest
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.deliveries import ORDERED, store_fleet_ordering
 from tests.kafka_broker import KafkaService, Record

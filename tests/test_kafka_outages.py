@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.deliveries import ORDERED, store_fleet_ordering
 from tests.kafka_broker import PERSIST_S, KafkaService, Record

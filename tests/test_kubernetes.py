@@ -26,10 +26,10 @@ from relay.cli.main import cli
 from relay.cli.migrate import MIGRATE_OPTIONS
 from relay.console.app import Console, ConsoleConfig, make_app
 from relay.console.hosts import allowed_hosts
+from relay.db.names import OutboxNames
 from relay.embed import Relay
 from relay.httpd import serve
 from relay.options import resolve
-from relay.sqlnames import OutboxNames
 from relay.wiring import START_ALL
 from relay.worker import lease_margin
 from tests.helpers import http_get

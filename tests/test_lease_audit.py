@@ -11,11 +11,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
+from relay.db.statements import named_queries
 from relay.message import Decision, OutboxMessage
 from relay.ordering import OrderingMap
-from relay.sqlfiles import named_queries
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.deliveries import Delivery
 from tests.lease_audit import install_lease_audit, lease_audit_problems

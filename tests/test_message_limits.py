@@ -17,8 +17,8 @@ from psycopg import sql
 from relay.adapters.aws.entries import MAX_ATTRIBUTES, check
 from relay.adapters.rabbitmq.envelope import build
 from relay.adapters.rabbitmq.settings import RabbitSettings
+from relay.db.names import OutboxNames
 from relay.errors import NoRoomForReplayMarker, PermanentError
-from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.helpers import outbox_message
 from tests.rabbitmq_broker import Rabbit, TcpProxy, relay_args

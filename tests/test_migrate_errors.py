@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import conninfo, sql
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.helpers import create_outbox_at
 from tests.relay_process import assert_one_line_error, run_relay
 

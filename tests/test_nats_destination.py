@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 from psycopg import sql
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.deliveries import ORDERED, store_fleet_ordering
 from tests.nats_server import NatsStream

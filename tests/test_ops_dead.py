@@ -12,11 +12,11 @@ import pytest
 
 from relay import ConfigError, PermanentError
 from relay.cli.dead import _selection
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
+from relay.db.readmodel import DeadFilter
 from relay.ops.deadletters import group_dead, list_dead
-from relay.ops.queries import DeadFilter
 from relay.ordering import OrderingMap
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.helpers import make_worker
 from tests.ops_helpers import (

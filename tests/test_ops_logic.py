@@ -1,8 +1,8 @@
 """The operator tools' logic and rendering over hand-built objects: no PostgreSQL.
 
-relay.ops.queries is the only operator code that talks to the database; everything these
-tests call takes its frozen dataclasses, so each verdict, grouping and line is checked here
-from objects alone (the tests against a real database are test_ops_*.py).
+relay.db (readmodel, actions, history) is the only operator code that talks to the
+database; everything these tests call takes its frozen dataclasses, so each verdict,
+grouping and line is checked here from objects alone (the tests against a real database are test_ops_*.py).
 """
 
 from __future__ import annotations
@@ -14,22 +14,23 @@ from typing import Any
 
 import pytest
 
-from relay.errors import ConfigError
-from relay.ops.deadletters import DeadGroup, DeadGroups, Refusal, WriteResult
-from relay.ops.explain import explanation
-from relay.ops.prune import HeadsResult, PruneResult
-from relay.ops.queries import (
+from relay.db.actions import Touched
+from relay.db.history import BlockingDead
+from relay.db.names import OutboxNames
+from relay.db.readmodel import (
     AggregateRows,
-    BlockingDead,
     DeadFilter,
     DeadMessage,
     DeadPage,
     EventTypeRow,
     HeadMessage,
     SummaryRow,
-    Touched,
     WakeupStatus,
 )
+from relay.errors import ConfigError
+from relay.ops.deadletters import DeadGroup, DeadGroups, Refusal, WriteResult
+from relay.ops.explain import explanation
+from relay.ops.prune import HeadsResult, PruneResult
 from relay.ops.release import Held, ReleaseResult
 from relay.ops.render import (
     jsonable,
@@ -47,7 +48,6 @@ from relay.ops.render import (
 from relay.ops.status import Status, attempt_histogram, by_event_type_status, summarize
 from relay.ordering import OrderingMap
 from relay.shared_settings import SharedSettings
-from relay.sqlnames import OutboxNames
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 NAMES = OutboxNames()

@@ -13,12 +13,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from relay import httpd
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
 from relay.httpd import ReadyCheck, all_ready, database_check, pool_check, serve
 from relay.message import KINDS, Decision, OutboxMessage
 from relay.metrics import OUTCOMES, RelayMetrics
 from relay.ordering import OrderingMap
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from relay.worker import WorkerStats
 from tests.conftest import Db
 from tests.ops_helpers import build_scene

@@ -8,8 +8,8 @@ from urllib.parse import quote
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from relay.db.dispatch import OutboxStore
 from relay.ordering import OrderingMap
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.ops_helpers import build_scene, run_parallel
 from tests.relay_process import assert_one_line_error

@@ -18,15 +18,15 @@ import pytest
 from psycopg import sql
 
 from relay.cli.ops import CLEAR_SCREEN
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
+from relay.db.readmodel import WakeupStatus
+from relay.db.statements import migrations, statement
 from relay.errors import ConfigError
 from relay.message import Decision
 from relay.ops.explain import explain
-from relay.ops.queries import WakeupStatus, ops_query
 from relay.ops.status import attempt_histogram, read_status
 from relay.ordering import OrderingMap
-from relay.sqlfiles import migrations
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.helpers import record_listeners
 from tests.ops_helpers import Scene, build_scene, claim_until, ingest, relay_json, target
@@ -198,7 +198,7 @@ async def test_status_queries_never_scan_the_table(names: OutboxNames, relay_dsn
     ]
     async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
         for name in queries:
-            cur = await conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + ops_query(names, name), params)
+            cur = await conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + statement(names, name), params)
             row = await cur.fetchone()
             assert row is not None
             scans = list(_seq_scans(row[0][0]["Plan"]))

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from relay import PermanentError
 from relay.adapters.memory import InMemoryPublisher
+from relay.db.dispatch import OutboxStore
 from relay.errors import ConfigError
 from relay.message import Decision
 from relay.ordering import OrderingMap
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.helpers import make_worker
 from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked

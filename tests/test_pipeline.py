@@ -25,8 +25,8 @@ from psycopg import sql
 from relay import BrokerUnavailable
 from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.breaker import CircuitBreaker
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
 from relay.worker import RELEASED_BROKER_REFUSED, Worker, WorkerConfig
 from tests.conftest import Db
 from tests.deliveries import ORDERED, check_deliveries, read_queue, store_fleet_ordering

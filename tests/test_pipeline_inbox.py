@@ -41,7 +41,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from relay import Inbox
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Roles
 from tests.deliveries import ORDERED, store_fleet_ordering
 from tests.pg_clusters import free_port

@@ -24,8 +24,8 @@ from datetime import timedelta
 import pytest
 
 from relay.adapters.rabbitmq.blocked import Blocking, alarm_kind
+from relay.db.names import OutboxNames
 from relay.errors import BrokerUnavailable
-from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.deliveries import ORDERED, check_deliveries, read_queue, store_fleet_ordering
 from tests.producers import fleet_producers, merged

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.producers import (
     Arrival,

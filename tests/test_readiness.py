@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.helpers import http_get
 from tests.producers import Arrival, CommitLog, order_violations, producers_both_ways

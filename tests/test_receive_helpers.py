@@ -15,8 +15,8 @@ import pytest
 from psycopg import sql
 
 from relay import Event, Inbox, Outbox, Received, Relay, received_from_aio_pika, received_from_sns, received_from_sqs
+from relay.db.names import OutboxNames
 from relay.errors import ConfigError
-from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.rabbitmq_broker import Rabbit
 from tests.relay_process import wait_until_async

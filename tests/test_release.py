@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from psycopg import sql
 
+from relay.db.dispatch import OutboxStore
 from relay.errors import ConfigError
 from relay.message import Decision, OutboxMessage
 from relay.ops.release import parse_ids
 from relay.ordering import OrderingMap
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.ops_helpers import PATIENCE_S, relay_json, run_parallel, target
 from tests.producers import (

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.producers import Arrival, CommitLog, order_violations, producers_both_ways
 from tests.rabbitmq_broker import Rabbit

@@ -23,11 +23,11 @@ from psycopg import sql
 from relay.adapters.memory import InMemoryPublisher
 from relay.backoff import Backoff
 from relay.contract import Outcome
-from relay.db import configure_session
+from relay.db.names import OutboxNames
+from relay.db.session import configure_session
 from relay.errors import BrokerUnavailable, PermanentError, RetryableError
 from relay.message import OutboxMessage
 from relay.replay import RatePacer, Replayer, ReplayLimits, ReplayPlan, ReplayReport, Selection
-from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 
 FAST = ReplayLimits(

@@ -14,9 +14,9 @@ import pytest
 from psycopg import sql
 
 from relay.config import CORE_OPTIONS, START_OPTIONS, session_limits
-from relay.db import TRANSIENT_DB_ERRORS, SessionLimits, configure_session, open_pool
+from relay.db.dispatch import OutboxStore
+from relay.db.session import TRANSIENT_DB_ERRORS, SessionLimits, configure_session, open_pool
 from relay.options import resolve
-from relay.store import OutboxStore
 from tests.conftest import Db
 from tests.helpers import make_worker, settings_for
 from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until, wait_until_async

@@ -16,6 +16,7 @@ from psycopg import sql
 from relay import runner
 from relay.adapters.memory import InMemoryPublisher
 from relay.config import CORE_OPTIONS, START_OPTIONS
+from relay.db.names import OutboxNames
 from relay.errors import ConfigError
 from relay.options import resolve
 from relay.ordering import OrderingMap
@@ -28,7 +29,6 @@ from relay.shared_settings import (
     read_settings,
     update_settings,
 )
-from relay.sqlnames import OutboxNames
 from tests.conftest import Db
 from tests.helpers import record_listeners, settings_for
 from tests.ops_helpers import relay_json, target

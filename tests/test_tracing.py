@@ -29,10 +29,10 @@ from relay.adapters.registry import max_envelope_fields
 from relay.cli.common import publisher_for
 from relay.cli.start import START_ALL
 from relay.config import RelaySettings
+from relay.db.names import OutboxNames
 from relay.errors import ConfigError
 from relay.options import resolve
 from relay.runner import run_relay
-from relay.sqlnames import OutboxNames
 from relay.tracing import NO_TRACING, provider_from_env, tracing_for
 from tests.conftest import Db
 from tests.helpers import outbox_message

@@ -13,10 +13,10 @@ import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
 from relay.message import Decision
 from relay.migrate import migrate
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 
 LEASE = timedelta(seconds=30)
 

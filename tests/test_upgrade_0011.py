@@ -13,11 +13,11 @@ import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
 from relay.grants import Grantee, statements
 from relay.message import Decision
 from relay.migrate import migrate
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 from tests.conftest import Roles
 
 LEASE = timedelta(seconds=30)

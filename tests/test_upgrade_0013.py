@@ -14,11 +14,11 @@ import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from relay.db.dispatch import OutboxStore
+from relay.db.names import OutboxNames
 from relay.message import Decision
 from relay.migrate import migrate
 from relay.ops.prune import prune
-from relay.sqlnames import OutboxNames
-from relay.store import OutboxStore
 
 LEASE = timedelta(seconds=30)
 BEFORE = 11  # the last migration of the release before 0013

@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 from pydantic import BaseModel
 
 from relay import Event, NotInTransaction, Outbox, to_json
-from relay.sqlnames import OutboxNames
+from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.helpers import sqlalchemy_url
 

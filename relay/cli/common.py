@@ -28,14 +28,14 @@ from relay.config import (
     names_from,
     require_dsn,
 )
-from relay.db import check_schema, connect
+from relay.db.names import OutboxNames
+from relay.db.rows import Conn
+from relay.db.session import check_schema, connect
 from relay.dsn import mask
 from relay.durations import format_bound
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
-from relay.ops.queries import Conn
 from relay.options import Option, check_file_keys, load_file, resolve, unknown_variables
 from relay.routes import ROUTES_OPTION
-from relay.sqlnames import OutboxNames
 from relay.wiring import BROKER_OPTIONS, VARIABLES, publisher_for
 
 # Every declared setting: the keys a config file may hold, whichever command reads it.

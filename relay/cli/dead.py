@@ -14,6 +14,8 @@ from typing import Any
 import click
 
 from relay.cli.common import OPS_OPTIONS, AsciiInt, F, check_text, ops_setup, run, with_conn, with_options
+from relay.db.names import OutboxNames
+from relay.db.readmodel import Conn, DeadFilter
 from relay.durations import parse_moment
 from relay.errors import ConfigError, shown
 from relay.ids import parse_outbox_id
@@ -27,9 +29,7 @@ from relay.ops.deadletters import (
     select_ids,
     skip,
 )
-from relay.ops.queries import Conn, DeadFilter
 from relay.ops.render import jsonable, refusal_line, render_groups, render_list, render_write
-from relay.sqlnames import OutboxNames
 
 LIST_MAX = 1_000_000  # rows `dead list` prints at most: a table that long is read with --json
 

@@ -10,8 +10,8 @@ import click
 from relay import grants
 from relay.cli.common import configure_logging, run, settings_for, with_conn, with_options
 from relay.config import CORE_OPTIONS, GRANT_OPTIONS, LOG_OPTIONS, names_from, require_dsn
+from relay.db.rows import Conn
 from relay.errors import ConfigError
-from relay.ops.queries import Conn
 
 GRANTS_OPTIONS = (*CORE_OPTIONS, *GRANT_OPTIONS, *LOG_OPTIONS)
 

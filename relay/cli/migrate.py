@@ -20,7 +20,7 @@ from relay.config import (
     ordering_from,
     require_dsn,
 )
-from relay.db import connect
+from relay.db.session import connect
 from relay.errors import ConfigError
 from relay.migrate import migrate as apply_migrations
 from relay.migrate import pg_message

@@ -35,20 +35,20 @@ from relay.cli.common import (
     with_options,
 )
 from relay.config import START_OPTIONS, names_from, require_dsn
-from relay.db import check_schema, connect
+from relay.db.names import OutboxNames
+from relay.db.rows import Conn
+from relay.db.session import check_schema, connect
 from relay.dsn import describe_dsn
 from relay.durations import format_duration, parse_duration
 from relay.errors import ConfigError, DatabaseUnavailable, shown
 from relay.ops.deadletters import default_operator
 from relay.ops.explain import explain
 from relay.ops.prune import DEFAULT_BATCH, SkipBlocking, prune
-from relay.ops.queries import Conn
 from relay.ops.release import parse_ids, release
 from relay.ops.render import jsonable, render_explanation, render_prune, render_release, render_status, to_json
 from relay.ops.status import read_status
 from relay.options import load_file, resolve
 from relay.routes import ROUTES_OPTION, destination_namer
-from relay.sqlnames import OutboxNames
 
 # A release judges spent attempts as the relays' reaper does: by their --max-attempts
 # (same flag, variable and config key, so `--config relay.toml` gives the fleet's value).

@@ -44,7 +44,7 @@ from relay.config import (
     session_limits,
 )
 from relay.contract import BROKERS, DestinationCheck, PublishLimits, check_destinations
-from relay.db import check_schema, configure_session, connect
+from relay.db.session import check_schema, configure_session, connect
 from relay.dsn import mask
 from relay.durations import format_duration, parse_moment
 from relay.errors import ConfigError, shown

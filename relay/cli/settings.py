@@ -18,8 +18,9 @@ import click
 
 from relay.cli.common import OPS_OPTIONS, ops_setup, run, with_conn, with_options
 from relay.commit_order import CommitOrder
+from relay.db.names import OutboxNames
+from relay.db.rows import Conn
 from relay.ops.deadletters import default_operator
-from relay.ops.queries import Conn
 from relay.shared_settings import (
     SettingsUpdate,
     SharedSettings,
@@ -28,7 +29,6 @@ from relay.shared_settings import (
     render_text,
     update_settings,
 )
-from relay.sqlnames import OutboxNames
 
 log = logging.getLogger("relay.settings")
 

@@ -28,13 +28,13 @@ from relay.console.auth import Guard
 from relay.console.chart import line_chart
 from relay.console.history import History
 from relay.console.hosts import answers_to, host_of
+from relay.db.names import OutboxNames
+from relay.db.rows import Conn
 from relay.dsn import mask
 from relay.durations import age_text
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
 from relay.ids import parse_outbox_id
-from relay.ops.queries import Conn
 from relay.ops.render import bytes_text
-from relay.sqlnames import OutboxNames
 
 log = logging.getLogger("relay.console")
 

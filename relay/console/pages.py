@@ -9,9 +9,11 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 
+from relay.db import readmodel
+from relay.db.names import OutboxNames
+from relay.db.readmodel import AggregateMessage, BlockedHead, Conn, DeadFilter, DeadMessage, MessageDetail
 from relay.errors import ConfigError
 from relay.ids import parse_lease_version, parse_outbox_id
-from relay.ops import queries
 from relay.ops.deadletters import (
     GROUP_KEY,
     Action,
@@ -26,9 +28,7 @@ from relay.ops.deadletters import (
     skip,
 )
 from relay.ops.explain import Explanation, explain
-from relay.ops.queries import AggregateMessage, BlockedHead, Conn, DeadFilter, DeadMessage, MessageDetail
 from relay.ops.status import Status, attempt_histogram, by_event_type_status, read_status
-from relay.sqlnames import OutboxNames
 
 # How many rows a page lists; more are counted and linked to a narrower filter.
 PAGE_ROWS = 200
@@ -58,7 +58,7 @@ class Overview:
 
 async def overview(conn: Conn, names: OutboxNames) -> Overview:
     status = await read_status(conn, names)
-    rows, count = await queries.event_types_top(conn, names, EVENT_TYPES_SHOWN)
+    rows, count = await readmodel.event_types_top(conn, names, EVENT_TYPES_SHOWN)
     status = replace(status, by_event_type=by_event_type_status(status.summary.at, rows))
     return Overview(status, attempt_histogram(status.attempts), count)
 
@@ -119,7 +119,7 @@ async def dead_group(conn: Conn, names: OutboxNames, key: str, flt: DeadFilter, 
     group = await one_group(conn, names, key, flt)
     if group is None:
         return GroupPage(key, None, (), after, None)
-    rows = await queries.dead_group_page(conn, names, flt, group=group_of(key), after=after, limit=PAGE_ROWS + 1)
+    rows = await readmodel.dead_group_page(conn, names, flt, group=group_of(key), after=after, limit=PAGE_ROWS + 1)
     more = len(rows) > PAGE_ROWS
     rows = rows[:PAGE_ROWS]
     return GroupPage(key, group, rows, after, rows[-1].id if more and rows else None)
@@ -135,7 +135,7 @@ class MessagePage:
 
 
 async def message(conn: Conn, names: OutboxNames, outbox_id: int) -> MessagePage | None:
-    m = await queries.message_detail(conn, names, outbox_id)
+    m = await readmodel.message_detail(conn, names, outbox_id)
     if m is None:
         return None
     payload = m.payload
@@ -176,7 +176,7 @@ async def blocked(conn: Conn, names: OutboxNames) -> list[Blocked]:
     """Aggregates whose head is dead, oldest first, each with `relay explain`'s verdict."""
     return [
         Blocked(head, await explain(conn, names, head.aggregate_id))
-        for head in await queries.blocked_heads(conn, names, PAGE_ROWS)
+        for head in await readmodel.blocked_heads(conn, names, PAGE_ROWS)
     ]
 
 
@@ -199,7 +199,7 @@ async def _explanation(conn: Conn, names: OutboxNames, aggregate_id: str) -> Exp
 
 async def aggregate(conn: Conn, names: OutboxNames, aggregate_id: str) -> AggregatePage:
     explanation = await _explanation(conn, names, aggregate_id)
-    rows = await queries.aggregate_messages(conn, names, aggregate_id, recent=RECENT_IDS, limit=AGGREGATE_ROWS)
+    rows = await readmodel.aggregate_messages(conn, names, aggregate_id, recent=RECENT_IDS, limit=AGGREGATE_ROWS)
     return AggregatePage(aggregate_id, explanation, rows)
 
 
@@ -285,4 +285,4 @@ PAYLOAD_PART = 1 << 20
 
 def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int) -> AsyncIterator[bytes]:
     """The whole payload of ``outbox_id`` as JSON text (UTF-8), in parts (none: no such message)."""
-    return queries.payload_parts(conn, names, outbox_id, PAYLOAD_PART)
+    return readmodel.payload_parts(conn, names, outbox_id, PAYLOAD_PART)

@@ -18,10 +18,10 @@ from relay.console.app import Console, ConsoleConfig, make_app
 from relay.console.auth import Guard, Token
 from relay.console.history import History, sample_forever
 from relay.console.hosts import is_loopback
-from relay.db import check_schema, connect, open_pool
+from relay.db.names import OutboxNames
+from relay.db.session import check_schema, connect, open_pool
 from relay.errors import ConfigError
 from relay.ops.status import StatusSummary, read_summary
-from relay.sqlnames import OutboxNames
 
 log = logging.getLogger("relay.console")
 

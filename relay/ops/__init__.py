@@ -1,6 +1,6 @@
 """The operator tools (`relay status`, `explain`, `dead`, `prune`, `release`) in layers.
 
-:mod:`relay.ops.queries` runs the statements of ``sql/ops.sql`` and returns frozen
+:mod:`relay.db.readmodel` runs the statements of ``sql/ops.sql`` and returns frozen
 dataclasses; :mod:`~relay.ops.status`, :mod:`~relay.ops.explain`,
 :mod:`~relay.ops.deadletters`, :mod:`~relay.ops.prune` and :mod:`~relay.ops.release` hold
 the logic over those objects; :mod:`relay.ops.render` turns the results into text and

@@ -24,11 +24,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from relay.db import actions, readmodel
+from relay.db.actions import LockedRow, Touched
+from relay.db.names import OutboxNames
+from relay.db.readmodel import DeadFilter, DeadPage
+from relay.db.rows import Conn
 from relay.errors import ConfigError
 from relay.message import log_fields
-from relay.ops import queries
-from relay.ops.queries import Conn, DeadFilter, DeadPage, LockedRow, Touched
-from relay.sqlnames import OutboxNames
 
 log = logging.getLogger("relay.dead")
 
@@ -84,7 +86,7 @@ class DeadGroups:
         return max(1, -(-self.total_groups // self.per_page))
 
 
-def _group(r: queries.GroupRow) -> DeadGroup:
+def _group(r: readmodel.GroupRow) -> DeadGroup:
     return DeadGroup(
         key=key_of(r.group),
         fingerprint=r.fingerprint,
@@ -133,7 +135,7 @@ def default_operator() -> str:
 
 async def list_dead(conn: Conn, names: OutboxNames, flt: DeadFilter, *, limit: int | None = None) -> DeadPage:
     """Dead messages matching ``flt`` in id order, at most ``limit`` of them (None: all)."""
-    return await queries.dead_list(conn, names, flt, limit)
+    return await readmodel.dead_list(conn, names, flt, limit)
 
 
 async def group_dead(
@@ -141,7 +143,7 @@ async def group_dead(
 ) -> DeadGroups:
     """One page of the dead messages matching ``flt`` grouped by error, largest group
     first: grouped and counted in SQL, whatever their number."""
-    found = await queries.dead_groups(
+    found = await readmodel.dead_groups(
         conn, names, flt, group=None, limit=per_page, offset=(max(page, 1) - 1) * per_page
     )
     return DeadGroups(tuple(_group(g) for g in found.groups), found.total_groups, found.total, max(page, 1), per_page)
@@ -149,7 +151,7 @@ async def group_dead(
 
 async def one_group(conn: Conn, names: OutboxNames, key: str, flt: DeadFilter) -> DeadGroup | None:
     """The group ``key`` of the dead messages matching ``flt``; None when none is in it."""
-    found = await queries.dead_groups(conn, names, flt, group=group_of(key), limit=1, offset=0)
+    found = await readmodel.dead_groups(conn, names, flt, group=group_of(key), limit=1, offset=0)
     return _group(found.groups[0]) if found.groups else None
 
 
@@ -158,7 +160,7 @@ async def select_ids(conn: Conn, names: OutboxNames, flt: DeadFilter, group: str
 
     An empty match is a ConfigError naming the filter, so a write never silently does nothing.
     """
-    ids = await queries.dead_ids(conn, names, flt, group=None if group is None else group_of(group), limit=None)
+    ids = await readmodel.dead_ids(conn, names, flt, group=None if group is None else group_of(group), limit=None)
     if not ids:
         what = flt.describe()
         if group is not None:
@@ -216,13 +218,13 @@ async def _write(
     if not wanted:
         raise ConfigError(f"nothing to {action}: give dead message ids, a filter or a group")
     async with conn.transaction():
-        found = {r.id: r for r in await queries.dead_lock(conn, names, wanted)}
+        found = {r.id: r for r in await actions.dead_lock(conn, names, wanted)}
         refused = tuple(r for r in (_refusal(i, found.get(i), expected) for i in wanted) if r is not None)
         candidates = tuple(_touched(found[i]) for i in wanted if i in found and found[i].status == "dead")
         if refused or dry_run:
             # Nothing to write; the transaction ends holding only the row locks it took.
             return WriteResult(action, dry_run, candidates, refused, by, note)
-        write = queries.dead_retry if action == "retry" else queries.dead_skip
+        write = actions.dead_retry if action == "retry" else actions.dead_skip
         changed = tuple(sorted(await write(conn, names, wanted, by=by, note=note), key=lambda t: t.id))
     verb = "re-driven to pending" if action == "retry" else "skipped (done without delivery)"
     for t in changed:

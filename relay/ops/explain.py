@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from relay.db import readmodel
+from relay.db.names import OutboxNames
+from relay.db.readmodel import AggregateRows, Conn, HeadMessage
 from relay.durations import age_text
 from relay.errors import ConfigError, shown
-from relay.ops import queries
-from relay.ops.queries import AggregateRows, Conn, HeadMessage
-from relay.sqlnames import OutboxNames
 from relay.textsafe import escape
 
 State = Literal["blocked", "in_flight", "lease_expired", "backing_off", "ready", "awaiting_ingest", "idle"]
@@ -47,7 +47,7 @@ class Explanation:
 
 async def explain(conn: Conn, names: OutboxNames, aggregate_id: str) -> Explanation:
     """Read the aggregate's head and the counts around it; ConfigError when nothing is known of it."""
-    return explanation(names, aggregate_id, await queries.aggregate_rows(conn, names, aggregate_id))
+    return explanation(names, aggregate_id, await readmodel.aggregate_rows(conn, names, aggregate_id))
 
 
 def explanation(names: OutboxNames, aggregate_id: str, rows: AggregateRows) -> Explanation:

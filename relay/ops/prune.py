@@ -30,11 +30,13 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from relay.db import history
+from relay.db.history import BlockingDead
+from relay.db.names import OutboxNames
+from relay.db.rows import Conn
 from relay.durations import format_duration
 from relay.errors import ConfigError
-from relay.ops import deadletters, queries
-from relay.ops.queries import BlockingDead, Conn
-from relay.sqlnames import OutboxNames
+from relay.ops import deadletters
 
 log = logging.getLogger("relay.prune")
 
@@ -130,15 +132,15 @@ async def prune(
         raise ConfigError("invalid --heads-idle-for: must not be negative")
     if not conn.autocommit:
         raise ValueError("prune needs an autocommit connection: each chunk is its own transaction")
-    cutoff = await queries.prune_cutoff(conn, names, older_than)
+    cutoff = await history.prune_cutoff(conn, names, older_than)
     blocking, skipped = None, 0
     if include_dead:
-        blocking = await queries.prune_blocking_count(conn, names, cutoff, SAMPLE)
+        blocking = await history.prune_blocking_count(conn, names, cutoff, SAMPLE)
         if skip_blocking is not None and blocking.n:
             skipped = blocking.n if dry_run else await _skip_blocking(conn, names, cutoff, skip_blocking)
     after, batches, scanned, done, dead = 0, 0, 0, 0, 0
     while True:
-        chunk = await queries.prune_chunk(
+        chunk = await history.prune_chunk(
             conn, names, after_id=after, batch=batch, cutoff=cutoff, include_dead=include_dead, dry_run=dry_run
         )
         batches += 1
@@ -189,7 +191,7 @@ async def _skip_blocking(conn: Conn, names: OutboxNames, cutoff: datetime, how: 
     skip's own write; returns how many were skipped. A row re-driven meanwhile (no longer
     dead) is left to its new life: the page goes without it."""
     after, skipped = 0, 0
-    while ids := await queries.prune_blocking_page(conn, names, cutoff, after, SKIP_PAGE):
+    while ids := await history.prune_blocking_page(conn, names, cutoff, after, SKIP_PAGE):
         after = ids[-1]
         while ids:
             written = await deadletters.skip(conn, names, ids, by=how.by, reason=how.reason)
@@ -202,8 +204,8 @@ async def _skip_blocking(conn: Conn, names: OutboxNames, cutoff: datetime, how: 
 
 
 async def _forget_heads(conn: Conn, names: OutboxNames, idle_for: timedelta, batch: int, dry_run: bool) -> HeadsResult:
-    cutoff = await queries.prune_cutoff(conn, names, idle_for)
-    waiting = await queries.prune_heads_waiting(conn, names, WAITING_LIMIT)
+    cutoff = await history.prune_cutoff(conn, names, idle_for)
+    waiting = await history.prune_heads_waiting(conn, names, WAITING_LIMIT)
     if waiting >= WAITING_LIMIT:
         log.warning(
             "prune: %s or more ordered rows of %s wait to be numbered; idle aggregates are forgotten once the"
@@ -214,7 +216,7 @@ async def _forget_heads(conn: Conn, names: OutboxNames, idle_for: timedelta, bat
         return HeadsResult(idle_for, cutoff, 0, 0, waiting)
     after, forgotten, scanned = "", 0, 0
     while True:
-        chunk = await queries.prune_heads_chunk(conn, names, after=after, batch=batch, cutoff=cutoff, dry_run=dry_run)
+        chunk = await history.prune_heads_chunk(conn, names, after=after, batch=batch, cutoff=cutoff, dry_run=dry_run)
         scanned += chunk.scanned
         forgotten += chunk.idle if dry_run else chunk.forgotten
         if chunk.last is None or chunk.scanned < batch:

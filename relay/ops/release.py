@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from relay.db import actions
+from relay.db.actions import LeaseRow
+from relay.db.names import OutboxNames
+from relay.db.rows import Conn
 from relay.errors import ConfigError
 from relay.ids import parse_id_list
 from relay.message import log_fields
-from relay.ops import queries
 from relay.ops.deadletters import Refusal
-from relay.ops.queries import Conn, LeaseRow
-from relay.sqlnames import OutboxNames
 
 log = logging.getLogger("relay.release")
 
@@ -116,7 +117,7 @@ async def release(
     if owner is None and not ids:
         raise ConfigError("say whose leases to release: --owner OWNER or --ids 1,2,3")
     async with conn.transaction():
-        rows = await queries.lease_rows(conn, names, ids=ids, owner=owner)
+        rows = await actions.lease_rows(conn, names, ids=ids, owner=owner)
         at = rows[0].now if rows else None
         found = {r.id: r for r in rows}
         refused: list[Refusal] = []
@@ -132,11 +133,11 @@ async def release(
             else:
                 chosen.append(_held(r, max_attempts))
         if not chosen:
-            holders = ", ".join(f"{h.lease_owner} ({h.n:,})" for h in await queries.lease_holders(conn, names))
+            holders = ", ".join(f"{h.lease_owner} ({h.n:,})" for h in await actions.lease_holders(conn, names))
             raise ConfigError(_nothing_line(names, owner, refused, holders))
         if dry_run:
             return ReleaseResult(True, at, owner, tuple(chosen), tuple(refused), by, max_attempts)
-        written = await queries.release_leases(
+        written = await actions.release_leases(
             conn, names, [(h.id, h.lease_version) for h in chosen], max_attempts=max_attempts, by=by, note=note
         )
     # Under the row locks nothing can change between the read and the write; a row missing

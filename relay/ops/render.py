@@ -14,14 +14,14 @@ from dataclasses import fields, is_dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from relay.db.names import OutboxNames
+from relay.db.readmodel import DeadFilter, DeadPage, WakeupStatus
 from relay.durations import age_text, format_duration
 from relay.ops.deadletters import DeadGroups, WriteResult
 from relay.ops.explain import Explanation
 from relay.ops.prune import HeadsResult, PruneResult
-from relay.ops.queries import DeadFilter, DeadPage, WakeupStatus
 from relay.ops.release import SHOWN, ReleaseResult
 from relay.ops.status import EventTypeStatus, Status, attempt_histogram
-from relay.sqlnames import OutboxNames
 from relay.textsafe import CELL_CHARS, clip, escape, printable
 
 # ---- shared helpers

@@ -5,7 +5,7 @@ table holding millions of done rows answers as fast as an empty one. The done co
 the only figure not counted: it is the statistics system's live-row estimate minus the
 exact unfinished counts, and is labelled as an estimate wherever it is shown.
 
-The figures are read by :mod:`relay.ops.queries`; this module turns its rows into ages
+The figures are read by :mod:`relay.db.readmodel`; this module turns its rows into ages
 and totals, and :mod:`relay.ops.render` shows them.
 """
 
@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from relay.ops import queries
-from relay.ops.queries import Conn, EventTypeRow, SummaryRow, WakeupStatus
+from relay.db import readmodel
+from relay.db.names import OutboxNames
+from relay.db.readmodel import Conn, EventTypeRow, SummaryRow, WakeupStatus
 from relay.shared_settings import SharedSettings, read_settings
-from relay.sqlnames import OutboxNames
 
 # Histogram buckets of attempts used so far: exact for the first few (the usual retries),
 # then doubling, so a long tail of poison messages stays on one screen.
@@ -106,7 +106,7 @@ def summarize(r: SummaryRow) -> StatusSummary:
 
 async def read_summary(conn: Conn, names: OutboxNames) -> StatusSummary:
     """The headline figures; also what :meth:`relay.metrics.RelayMetrics.refresh_gauges` reads."""
-    return summarize(await queries.status_summary(conn, names))
+    return summarize(await readmodel.status_summary(conn, names))
 
 
 async def read_status(
@@ -119,14 +119,14 @@ async def read_status(
     """The summary, the attempts histogram and, if asked, the breakdown by event type (with
     each type's destination when ``destination_of`` says it)."""
     summary = await read_summary(conn, names)
-    attempts = await queries.status_attempts(conn, names)
+    attempts = await readmodel.status_attempts(conn, names)
     breakdown: tuple[EventTypeStatus, ...] | None = None
     if by_event_type:
-        breakdown = by_event_type_status(summary.at, await queries.status_by_event_type(conn, names))
+        breakdown = by_event_type_status(summary.at, await readmodel.status_by_event_type(conn, names))
         if destination_of is not None:
             breakdown = tuple(replace(t, destination=destination_of(t.event_type)) for t in breakdown)
     settings = await read_settings(conn, names)
-    wakeups = await queries.status_wakeups(conn, names)
+    wakeups = await readmodel.status_wakeups(conn, names)
     return Status(summary=summary, attempts=attempts, by_event_type=breakdown, settings=settings, wakeups=wakeups)
 
 

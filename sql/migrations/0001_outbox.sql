@@ -1,6 +1,6 @@
 -- 0001: the outbox table, the indexes the claims need, and the ordering classifier.
 --
--- Placeholders are filled in by relay.sqlnames with quoted identifiers:
+-- Placeholders are filled in by relay.db.names with quoted identifiers:
 --   {outbox}  the outbox table, schema-qualified
 --   {q_X}     a schema-qualified object named "<table>_X"
 --   {n_X}     an unqualified name "<table>_X" (indexes, constraints)

@@ -15,11 +15,11 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
+from relay.db.names import OutboxNames
+from relay.db.statements import migrations
 from relay.dbtext import set_up_text
 from relay.dsn import describe_dsn, mask
 from relay.errors import ConfigError, DatabaseUnavailable
-from relay.sqlfiles import migrations
-from relay.sqlnames import OutboxNames
 
 # What the dispatch path treats as a passing loss of its session, retried like an outage:
 # the server or the network went away (OperationalError; a statement cancelled by

@@ -1,4 +1,5 @@
-"""Where the ``sql/`` directory is, and how its named statements are read.
+"""Where the ``sql/`` directory is, how its named statements are read, and each one
+rendered for an outbox: the one module that reads ``sql/``.
 
 Installed wheels carry ``sql/`` as ``relay/_sql``; a source checkout (and an editable
 install) reads the top-level ``sql/`` beside the packages.
@@ -9,6 +10,10 @@ from __future__ import annotations
 import re
 from functools import cache
 from pathlib import Path
+
+from psycopg import sql
+
+from relay.db.names import OutboxNames
 
 _HEADER = re.compile(r"^-- (?P<name>[a-z_][a-z0-9_]*) --$", re.MULTILINE)
 # DDL to read and to compare with the migrations (tests/test_schema_file.py), not named
@@ -21,8 +26,8 @@ _GRANTS = "grants.sql"
 
 
 def sql_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_sql", here.parent / "sql"):
+    package = Path(__file__).resolve().parent.parent  # relay/
+    for candidate in (package / "_sql", package.parent / "sql"):
         if (candidate / "queries.sql").is_file():
             return candidate
     raise FileNotFoundError("the relay's sql/ directory is missing from this installation")
@@ -59,6 +64,13 @@ def _parse(text: str) -> dict[str, str]:
 
 
 @cache
+def statement(names: OutboxNames, name: str) -> sql.Composed:
+    """The named statement ``name`` of ``sql/*.sql`` rendered for the outbox ``names``,
+    once per process."""
+    return names.render(named_queries()[name])
+
+
+@cache
 def named_grants() -> dict[str, str]:
     """The named statements of ``sql/grants.sql`` (relay.grants), parsed once per process."""
     return _parse((sql_dir() / _GRANTS).read_text(encoding="utf-8"))
@@ -80,5 +92,5 @@ def migrations() -> list[tuple[int, str, str]]:
 
 def schema_sql() -> str:
     """``sql/schema.sql``: what an empty schema holds after every migration, with the
-    migrations' placeholders (render it with :meth:`relay.sqlnames.OutboxNames.render`)."""
+    migrations' placeholders (render it with :meth:`relay.db.names.OutboxNames.render`)."""
     return (sql_dir() / _SCHEMA).read_text(encoding="utf-8")

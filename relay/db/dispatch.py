@@ -20,15 +20,15 @@ from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
 
 from relay.commit_order import ingest_by_id
-from relay.db import SessionLimits, configure_session
+from relay.db.names import OutboxNames
+from relay.db.session import SessionLimits, configure_session
+from relay.db.statements import named_queries
 from relay.dbtext import SQL_ASCII, not_utf8, not_utf8_bytes, readable, server_encoding, storable
 from relay.dsn import mask
 from relay.errors import first_line
 from relay.message import Decision, OutboxMessage, decode_headers
-from relay.sqlfiles import named_queries
-from relay.sqlnames import OutboxNames
 
-log = logging.getLogger("relay.store")
+log = logging.getLogger("relay.db.dispatch")
 
 # Committed producer transactions one ingest numbers at most. A backlog (relays stopped
 # while producers wrote) is numbered in turns of this size, and a worker whose ingest came

@@ -1,60 +1,24 @@
-"""The operator tools' reads and writes: the only operator code that names ``sql/ops.sql``
-statements and runs them.
+"""What operators and the console read: the queue's status, one aggregate, the dead
+messages and their groups, the blocked aggregates, one message; and the readiness probe.
 
 Every function here runs one statement (or a fixed few) and returns frozen dataclasses,
-one ``from_row`` per row type, so the modules above it (status, explain, deadletters,
-prune, release) hold only logic over plain objects and can be tested without PostgreSQL.
-Nothing here decides anything: no verdicts, no refusals, no text for people.
+so the modules above it (relay.ops, relay.console, relay.metrics) hold only logic over
+plain objects and can be tested without PostgreSQL. Nothing here decides anything: no
+verdicts, no refusals, no text for people.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from functools import cache
+from datetime import datetime
 from typing import Any
 
-import psycopg
-from psycopg import sql
-from psycopg.rows import dict_row
+from relay.db.names import OutboxNames
+from relay.db.rows import Conn, Row, fetch_all, fetch_one, masked, masked_row
+from relay.db.statements import statement
 
-from relay.dsn import mask
-from relay.sqlfiles import named_queries
-from relay.sqlnames import OutboxNames
-
-Conn = psycopg.AsyncConnection[Any]
-Row = dict[str, Any]
-
-
-@cache
-def ops_query(names: OutboxNames, name: str) -> sql.Composed:
-    """The named statement ``name`` of ``sql/*.sql`` rendered for ``names``, once per process."""
-    return names.render(named_queries()[name])
-
-
-async def _all(conn: Conn, names: OutboxNames, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(ops_query(names, name), params)
-    return await cur.fetchall()
-
-
-async def _one(conn: Conn, names: OutboxNames, name: str, params: Mapping[str, Any] | None = None) -> Row:
-    """The row of a statement that always returns exactly one (aggregates, SELECT without FROM)."""
-    rows = await _all(conn, names, name, params)
-    if not rows:
-        raise RuntimeError(f"{name} returned no row")
-    return rows[0]
-
-
-def _masked(error: str | None) -> str | None:
-    # Rows written before last_error was masked on the way in are masked on the way out.
-    return mask(error) if error else error
-
-
-def _fields_masked(r: Row) -> dict[str, Any]:
-    """A row whose columns are exactly a dataclass's fields, its ``last_error`` masked."""
-    return {**r, "last_error": _masked(r["last_error"])}
+__all__ = ["Conn", "Row"]
 
 
 # ---- status
@@ -128,21 +92,21 @@ class WakeupStatus:
 
 async def status_summary(conn: Conn, names: OutboxNames) -> SummaryRow:
     return SummaryRow.from_row(
-        await _one(conn, names, "status_summary", {"schema": names.schema, "table": names.table})
+        await fetch_one(conn, names, "status_summary", {"schema": names.schema, "table": names.table})
     )
 
 
 async def status_attempts(conn: Conn, names: OutboxNames) -> dict[int, int]:
     """Attempts used so far -> messages awaiting delivery."""
-    return {int(r["attempts"]): int(r["n"]) for r in await _all(conn, names, "status_attempts")}
+    return {int(r["attempts"]): int(r["n"]) for r in await fetch_all(conn, names, "status_attempts")}
 
 
 async def status_by_event_type(conn: Conn, names: OutboxNames) -> list[EventTypeRow]:
-    return [EventTypeRow.from_row(r) for r in await _all(conn, names, "status_by_event_type")]
+    return [EventTypeRow.from_row(r) for r in await fetch_all(conn, names, "status_by_event_type")]
 
 
 async def status_wakeups(conn: Conn, names: OutboxNames) -> WakeupStatus | None:
-    rows = await _all(conn, names, "status_wakeups")
+    rows = await fetch_all(conn, names, "status_wakeups")
     return WakeupStatus.from_row(rows[0]) if rows else None
 
 
@@ -170,22 +134,7 @@ class HeadMessage:
 
     @classmethod
     def from_row(cls, r: Row) -> HeadMessage:
-        return cls(
-            id=r["id"],
-            event_type=r["event_type"],
-            status=r["status"],
-            attempts=r["attempts"],
-            last_error=_masked(r["last_error"]),
-            available_at=r["available_at"],
-            lease_owner=r["lease_owner"],
-            lease_until=r["lease_until"],
-            lease_version=r["lease_version"],
-            created_at=r["created_at"],
-            aggregate_seq=r["aggregate_seq"],
-            resolution=r["resolution"],
-            resolved_by=r["resolved_by"],
-            resolved_at=r["resolved_at"],
-        )
+        return masked_row(cls, r)
 
 
 @dataclass(frozen=True)
@@ -205,9 +154,9 @@ class AggregateRows:
 
 async def aggregate_rows(conn: Conn, names: OutboxNames, aggregate_id: str) -> AggregateRows:
     params = {"aggregate_id": aggregate_id}
-    h = await _one(conn, names, "explain_head", params)
-    o = await _one(conn, names, "explain_ordered", params)
-    u = await _one(conn, names, "explain_unordered", params)
+    h = await fetch_one(conn, names, "explain_head", params)
+    o = await fetch_one(conn, names, "explain_ordered", params)
+    u = await fetch_one(conn, names, "explain_unordered", params)
     return AggregateRows(
         now=h["now"],
         has_heads_row=h["has_heads_row"],
@@ -282,21 +231,7 @@ class DeadMessage:
 
     @classmethod
     def from_row(cls, r: Row) -> DeadMessage:
-        return cls(
-            id=r["id"],
-            aggregate_type=r["aggregate_type"],
-            aggregate_id=r["aggregate_id"],
-            event_type=r["event_type"],
-            attempts=r["attempts"],
-            created_at=r["created_at"],
-            last_error=_masked(r["last_error"]),
-            ordered=r["ordered"],
-            lease_version=r["lease_version"],
-            blocking=r["blocking"],
-            resolution=r["resolution"],
-            resolved_by=r["resolved_by"],
-            resolved_at=r["resolved_at"],
-        )
+        return masked_row(cls, r)
 
 
 @dataclass(frozen=True)
@@ -308,40 +243,9 @@ class DeadPage:
     total: int
 
 
-@dataclass(frozen=True)
-class LockedRow:
-    """A row a re-drive or skip named, locked, in whatever status it is."""
-
-    id: int
-    status: str
-    aggregate_id: str
-    event_type: str
-    lease_version: int
-    ordered: bool
-
-    @classmethod
-    def from_row(cls, r: Row) -> LockedRow:
-        return cls(r["id"], r["status"], r["aggregate_id"], r["event_type"], r["lease_version"], r["ordered"])
-
-
-@dataclass(frozen=True)
-class Touched:
-    """A row a re-drive or skip changed (or, in a dry run, would change)."""
-
-    id: int
-    aggregate_id: str
-    event_type: str
-    lease_version: int
-    ordered: bool
-
-    @classmethod
-    def from_row(cls, r: Row) -> Touched:
-        return cls(r["id"], r["aggregate_id"], r["event_type"], r["lease_version"], r["ordered"])
-
-
 async def dead_list(conn: Conn, names: OutboxNames, flt: DeadFilter, limit: int | None = None) -> DeadPage:
     """Dead messages matching ``flt`` in id order, at most ``limit`` of them (None: all)."""
-    rows = await _all(conn, names, "dead_list", {**flt.params(), "limit": limit})
+    rows = await fetch_all(conn, names, "dead_list", {**flt.params(), "limit": limit})
     messages = tuple(DeadMessage.from_row(r) for r in rows)
     return DeadPage(at=rows[0]["now"] if rows else None, messages=messages, total=int(rows[0]["total"]) if rows else 0)
 
@@ -372,15 +276,17 @@ async def dead_groups(
     conn: Conn, names: OutboxNames, flt: DeadFilter, *, group: int | None, limit: int, offset: int
 ) -> GroupsPage:
     """One page of the groups of dead messages matching ``flt``, largest first."""
-    rows = await _all(conn, names, "dead_groups", {**flt.params(), "group": group, "limit": limit, "offset": offset})
+    rows = await fetch_all(
+        conn, names, "dead_groups", {**flt.params(), "group": group, "limit": limit, "offset": offset}
+    )
     groups = tuple(
         GroupRow(
             group=r["dead_group"],
             count=r["n"],
             first_id=r["first_id"],
             last_id=r["last_id"],
-            fingerprint=_masked(r["fingerprint"]) or "",
-            sample_error=_masked(r["sample_error"]),
+            fingerprint=masked(r["fingerprint"]) or "",
+            sample_error=masked(r["sample_error"]),
             sample_length=r["sample_length"] or 0,
             event_types=tuple(r["event_types"]),
             blocking=r["blocking"],
@@ -391,7 +297,7 @@ async def dead_groups(
     total = int(rows[0]["total"]) if rows else 0
     if not rows and offset:
         # Past the last page: count what there is, so the page can say so.
-        first = await _all(conn, names, "dead_groups", {**flt.params(), "group": group, "limit": 1, "offset": 0})
+        first = await fetch_all(conn, names, "dead_groups", {**flt.params(), "group": group, "limit": 1, "offset": 0})
         total_groups = int(first[0]["groups"]) if first else 0
         total = int(first[0]["total"]) if first else 0
     return GroupsPage(groups, total_groups, total)
@@ -401,7 +307,7 @@ async def dead_ids(
     conn: Conn, names: OutboxNames, flt: DeadFilter, *, group: int | None, limit: int | None
 ) -> list[int]:
     """Ids of the dead messages matching ``flt`` (in ``group`` when given), in id order."""
-    rows = await _all(conn, names, "dead_ids", {**flt.params(), "group": group, "limit": limit})
+    rows = await fetch_all(conn, names, "dead_ids", {**flt.params(), "group": group, "limit": limit})
     return [r["id"] for r in rows]
 
 
@@ -410,24 +316,7 @@ async def dead_group_page(
 ) -> tuple[DeadMessage, ...]:
     """``limit`` dead messages of ``group`` matching ``flt`` with ids above ``after``."""
     params = {**flt.params(), "group": group, "after": after, "limit": limit}
-    return tuple(DeadMessage.from_row(r) for r in await _all(conn, names, "dead_group_page", params))
-
-
-async def dead_lock(conn: Conn, names: OutboxNames, ids: Sequence[int]) -> list[LockedRow]:
-    """Lock the rows ``ids`` (those that exist) in id order, FOR UPDATE."""
-    return [LockedRow.from_row(r) for r in await _all(conn, names, "dead_lock", {"ids": list(ids)})]
-
-
-async def dead_retry(conn: Conn, names: OutboxNames, ids: Sequence[int], *, by: str, note: str | None) -> list[Touched]:
-    """Back to pending, attempts 0, available now: the rows of ``ids`` still dead."""
-    params = {"ids": list(ids), "by": by, "note": note}
-    return [Touched.from_row(r) for r in await _all(conn, names, "dead_retry", params)]
-
-
-async def dead_skip(conn: Conn, names: OutboxNames, ids: Sequence[int], *, by: str, note: str | None) -> list[Touched]:
-    """Done without delivery: the rows of ``ids`` still dead."""
-    params = {"ids": list(ids), "by": by, "note": note}
-    return [Touched.from_row(r) for r in await _all(conn, names, "dead_skip", params)]
+    return tuple(DeadMessage.from_row(r) for r in await fetch_all(conn, names, "dead_group_page", params))
 
 
 # ---- the console (relay.console): blocked aggregates, one message, one aggregate's messages
@@ -450,12 +339,12 @@ class BlockedHead:
 
     @classmethod
     def from_row(cls, r: Row) -> BlockedHead:
-        return cls(**_fields_masked(r))
+        return masked_row(cls, r)
 
 
 async def blocked_heads(conn: Conn, names: OutboxNames, limit: int) -> list[BlockedHead]:
     """Aggregates whose head is dead, oldest dead head first, at most ``limit``."""
-    return [BlockedHead.from_row(r) for r in await _all(conn, names, "console_blocked", {"limit": limit})]
+    return [BlockedHead.from_row(r) for r in await fetch_all(conn, names, "console_blocked", {"limit": limit})]
 
 
 @dataclass(frozen=True)
@@ -493,13 +382,13 @@ class MessageDetail:
 
     @classmethod
     def from_row(cls, r: Row) -> MessageDetail:
-        return cls(**_fields_masked(r))
+        return masked_row(cls, r)
 
 
 async def event_types_top(conn: Conn, names: OutboxNames, limit: int) -> tuple[list[EventTypeRow], int]:
     """status_by_event_type's rows for the ``limit`` event types with the most unfinished
     rows, and how many event types have unfinished rows in all."""
-    rows = await _all(conn, names, "console_event_types", {"limit": limit})
+    rows = await fetch_all(conn, names, "console_event_types", {"limit": limit})
     return [EventTypeRow.from_row(r) for r in rows], int(rows[0]["types"]) if rows else 0
 
 
@@ -510,13 +399,13 @@ async def payload_parts(conn: Conn, names: OutboxNames, outbox_id: int, size: in
     async with conn.transaction():
         cur = conn.cursor(name=f"payload_{outbox_id}")
         cur.itersize = 1
-        await cur.execute(ops_query(names, "console_payload_parts"), {"id": outbox_id, "size": size})
+        await cur.execute(statement(names, "console_payload_parts"), {"id": outbox_id, "size": size})
         async for (part,) in cur:
             yield bytes(part)
 
 
 async def message_detail(conn: Conn, names: OutboxNames, outbox_id: int) -> MessageDetail | None:
-    rows = await _all(conn, names, "console_message", {"id": outbox_id})
+    rows = await fetch_all(conn, names, "console_message", {"id": outbox_id})
     return MessageDetail.from_row(rows[0]) if rows else None
 
 
@@ -537,7 +426,7 @@ class AggregateMessage:
 
     @classmethod
     def from_row(cls, r: Row) -> AggregateMessage:
-        return cls(**_fields_masked(r))
+        return masked_row(cls, r)
 
 
 async def aggregate_messages(
@@ -546,181 +435,7 @@ async def aggregate_messages(
     """``aggregate_id``'s messages newest first, at most ``limit``: every unfinished one, and
     the finished ones among the table's newest ``recent`` ids."""
     params = {"aggregate_id": aggregate_id, "recent": recent, "limit": limit}
-    return [AggregateMessage.from_row(r) for r in await _all(conn, names, "console_aggregate_messages", params)]
-
-
-# ---- release
-
-
-@dataclass(frozen=True)
-class LeaseRow:
-    """A row `relay release` named or found by owner, locked, in whatever status it is."""
-
-    now: datetime
-    id: int
-    status: str
-    aggregate_id: str
-    event_type: str
-    lease_owner: str | None
-    lease_version: int
-    lease_until: datetime | None
-    attempts: int
-    ordered: bool
-    aggregate_seq: int | None
-
-    @classmethod
-    def from_row(cls, r: Row) -> LeaseRow:
-        return cls(
-            now=r["now"],
-            id=r["id"],
-            status=r["status"],
-            aggregate_id=r["aggregate_id"],
-            event_type=r["event_type"],
-            lease_owner=r["lease_owner"],
-            lease_version=r["lease_version"],
-            lease_until=r["lease_until"],
-            attempts=r["attempts"],
-            ordered=r["ordered"],
-            aggregate_seq=r["aggregate_seq"],
-        )
-
-
-@dataclass(frozen=True)
-class LeaseHolder:
-    """A lease owner and how many processing rows it holds."""
-
-    lease_owner: str | None
-    n: int
-
-    @classmethod
-    def from_row(cls, r: Row) -> LeaseHolder:
-        return cls(r["lease_owner"], int(r["n"]))
-
-
-async def lease_rows(
-    conn: Conn, names: OutboxNames, *, ids: Sequence[int] = (), owner: str | None = None
-) -> list[LeaseRow]:
-    """Lock the rows ``ids`` (any status), or else the processing rows of ``owner`` (that
-    lease owner or its ``owner:...`` workers), in id order, FOR UPDATE."""
-    if ids:
-        rows = await _all(conn, names, "release_by_ids", {"ids": list(ids)})
-    else:
-        rows = await _all(conn, names, "release_by_owner", {"owner": owner})
-    return [LeaseRow.from_row(r) for r in rows]
-
-
-async def lease_holders(conn: Conn, names: OutboxNames) -> list[LeaseHolder]:
-    """The ten owners holding the most processing rows."""
-    return [LeaseHolder.from_row(r) for r in await _all(conn, names, "release_holders")]
-
-
-async def release_leases(
-    conn: Conn,
-    names: OutboxNames,
-    held: Sequence[tuple[int, int]],
-    *,
-    max_attempts: int,
-    by: str,
-    note: str | None,
-) -> set[int]:
-    """Release the ``(id, lease_version)`` rows still processing at that version; the ids written."""
-    params = {
-        "ids": [i for i, _ in held],
-        "versions": [v for _, v in held],
-        "max_attempts": max_attempts,
-        "by": by,
-        "note": note,
-    }
-    return {r["id"] for r in await _all(conn, names, "release", params)}
-
-
-# ---- prune
-
-
-@dataclass(frozen=True)
-class PruneChunk:
-    """What one prune statement read and deleted (or, counting, would delete)."""
-
-    scanned: int
-    last_id: int | None
-    all_newer: bool  # every row of the chunk was created after the cutoff
-    done: int
-    dead: int
-
-    @classmethod
-    def from_row(cls, r: Row) -> PruneChunk:
-        return cls(r["scanned"], r["last_id"], r["all_newer"], r["done"], r["dead"])
-
-
-async def prune_cutoff(conn: Conn, names: OutboxNames, older_than: timedelta) -> datetime:
-    """The database clock minus ``older_than``."""
-    cutoff: datetime = (await _one(conn, names, "prune_cutoff", {"older_than": older_than}))["cutoff"]
-    return cutoff
-
-
-async def prune_chunk(
-    conn: Conn,
-    names: OutboxNames,
-    *,
-    after_id: int,
-    batch: int,
-    cutoff: datetime,
-    include_dead: bool,
-    dry_run: bool,
-) -> PruneChunk:
-    """Delete (``dry_run``: count) the qualifying rows of the ``batch`` ids after ``after_id``."""
-    params = {"after_id": after_id, "batch": batch, "cutoff": cutoff, "include_dead": include_dead}
-    return PruneChunk.from_row(await _one(conn, names, "prune_chunk_count" if dry_run else "prune_chunk", params))
-
-
-@dataclass(frozen=True)
-class BlockingDead:
-    """The dead ordered rows created before a prune's cutoff: how many, of how many
-    aggregates, and the first aggregate ids by name."""
-
-    n: int
-    aggregates: int
-    sample: tuple[str, ...]
-
-
-async def prune_blocking_count(conn: Conn, names: OutboxNames, cutoff: datetime, sample: int) -> BlockingDead:
-    """Count the dead ordered rows created before ``cutoff``; ``sample`` aggregate ids."""
-    r = await _one(conn, names, "prune_blocking_count", {"cutoff": cutoff, "sample": sample})
-    return BlockingDead(r["n"], r["aggregates"], tuple(r["sample"]))
-
-
-async def prune_blocking_page(conn: Conn, names: OutboxNames, cutoff: datetime, after_id: int, batch: int) -> list[int]:
-    """Ids of the next ``batch`` dead ordered rows created before ``cutoff``, after ``after_id``."""
-    rows = await _all(conn, names, "prune_blocking_page", {"cutoff": cutoff, "after_id": after_id, "batch": batch})
-    return [r["id"] for r in rows]
-
-
-@dataclass(frozen=True)
-class HeadsChunk:
-    """What one prune_heads_chunk statement read and forgot (or, in a dry run, would)."""
-
-    scanned: int
-    last: str | None
-    idle: int
-    forgotten: int
-
-
-async def prune_heads_chunk(
-    conn: Conn, names: OutboxNames, *, after: str, batch: int, cutoff: datetime, dry_run: bool
-) -> HeadsChunk:
-    """Forget the idle heads among the ``batch`` heads rows after ``after``, holding the
-    ingest's turn for that (one short transaction); in a dry run, count them."""
-    async with conn.transaction():
-        await conn.execute(ops_query(names, "prune_heads_turn"))
-        params = {"after": after, "batch": batch, "cutoff": cutoff, "dry_run": dry_run}
-        r = await _one(conn, names, "prune_heads_chunk", params)
-    return HeadsChunk(r["scanned"], r["last"], r["idle"], r["forgotten"])
-
-
-async def prune_heads_waiting(conn: Conn, names: OutboxNames, limit: int) -> int:
-    """Committed ordered rows waiting to be numbered, counted up to ``limit``."""
-    n: int = (await _one(conn, names, "prune_heads_waiting", {"limit": limit}))["n"]
-    return n
+    return [AggregateMessage.from_row(r) for r in await fetch_all(conn, names, "console_aggregate_messages", params)]
 
 
 # ---- readiness
@@ -728,4 +443,4 @@ async def prune_heads_waiting(conn: Conn, names: OutboxNames, limit: int) -> int
 
 async def ready_probe(conn: Conn, names: OutboxNames) -> None:
     """A zero-row read of the outbox table: raises unless it exists and is readable."""
-    await conn.execute(ops_query(names, "ready_probe"))
+    await conn.execute(statement(names, "ready_probe"))
