@@ -182,7 +182,7 @@ START_OPTIONS: tuple[Option, ...] = (
     *SESSION_OPTIONS,
 )
 
-# `relay migrate --grant-producer/--grant-relay` and `relay grants` (relay.grants).
+# `relay migrate --grant-producer/--grant-relay` and `relay grants` (relay.db.grants).
 GRANT_OPTIONS: tuple[Option, ...] = (
     Option(
         "grant_producer",

@@ -52,8 +52,8 @@ from typing import Any
 import psycopg
 
 from relay._transactions import async_runner, first, sync_runner
+from relay.db.inbox import InboxStatements
 from relay.db.names import OutboxNames
-from relay.db.statements import named_queries
 from relay.errors import ConfigError
 
 __all__ = [
@@ -308,12 +308,9 @@ class Inbox:
     """
 
     def __init__(self, table: str = "inbox", schema: str = "public", *, accept_first_unseen: bool = False) -> None:
-        names = OutboxNames(schema=schema, table=table)
-        queries = named_queries()
+        statements = InboxStatements.of(OutboxNames(schema=schema, table=table))
         self.accept_first_unseen = accept_first_unseen
-        self._create = names.render(queries["inbox_create"]).as_string(None)
-        self._receive = names.render(queries["inbox_receive"]).as_string(None)
-        self._prune = names.render(queries["inbox_prune"]).as_string(None)
+        self._create, self._receive, self._prune = statements.create, statements.receive, statements.prune
 
     def migrate(self, conn: Any) -> None:
         """Create the inbox's tables and function where absent (run it again after an

@@ -35,10 +35,8 @@ import psycopg
 
 from relay.backoff import Backoff
 from relay.contract import Outcome, Publisher, publish_within
-from relay.db.dispatch import Unreadable, message_from_row, payload_cursor
-from relay.db.names import OutboxNames
-from relay.db.statements import named_queries
-from relay.dbtext import SQL_ASCII, server_encoding
+from relay.db.dispatch import Unreadable
+from relay.db.replay import PlanRow, PlanSummary, ReplayPlan
 from relay.decide import describe, describe_text
 from relay.dsn import mask
 from relay.errors import (
@@ -70,8 +68,6 @@ OUTAGE_BACKOFF = Backoff(base=timedelta(milliseconds=500), cap=timedelta(seconds
 # Rows read ahead of the publishers: enough to keep every worker's batches full across
 # many aggregates, few enough that a page of large payloads stays a bounded amount.
 READ_AHEAD_BATCHES = 4
-# The plan's column count before the claims' RETURNING list in a replay_page row.
-_PLAN_COLUMNS = 2
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -150,93 +146,6 @@ class Selection:
             "event_names": names if self.event_types else None,
             "event_patterns": patterns,
         }
-
-
-@dataclass(frozen=True)
-class LeftOut:
-    """Rows the selectors took that the plan leaves out, by why."""
-
-    skipped: int = 0  # skipped by an operator (never delivered), without --include-skipped
-    dead: int = 0  # dead (never delivered), without --include-dead
-    excluded: int = 0  # named by --exclude
-
-    @property
-    def total(self) -> int:
-        return self.skipped + self.dead + self.excluded
-
-
-@dataclass(frozen=True)
-class PlanSummary:
-    """What a plan holds (the dry run's answer), and what the selection left out."""
-
-    count: int
-    first_id: int | None
-    last_id: int | None
-    aggregates: int
-    first_created: datetime | None
-    last_created: datetime | None
-    payload_bytes: int
-    left_out: LeftOut = LeftOut()
-
-
-@dataclass(frozen=True, slots=True)
-class PlanRow:
-    rank: int
-    resume_from: int
-    message: OutboxMessage | Unreadable | None  # None: gone since the plan was taken
-
-
-class ReplayPlan:
-    """The plan of one replay, in its connection's session: taken once, then read a page
-    at a time in short statements (no transaction stays open)."""
-
-    def __init__(self, conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> None:
-        self.conn = conn
-        self._sql = {name: names.render(text) for name, text in named_queries().items() if name.startswith("replay_")}
-        self._histories: list[str] = ["delivered"]
-
-    async def take(self, selection: Selection) -> PlanSummary:
-        """Plan ``selection`` (replacing this session's last plan) and say what it holds."""
-        self._histories = selection.histories
-        await self.conn.execute(self._sql["replay_plan_table"])
-        await self.conn.execute(self._sql["replay_plan_clear"])
-        # Not prepared: each plan runs once, with selectors a generic plan would not see.
-        # The plan scans the selected range of a table that may hold millions of rows, so
-        # it runs without the session's statement timeout (set for the short statements
-        # that follow): in a transaction of its own, where SET LOCAL ends with it.
-        async with self.conn.transaction():
-            await self.conn.execute(self._sql["replay_plan_untimed"])
-            cur = await self.conn.execute(self._sql["replay_plan"], selection.params(), prepare=False)
-            counts = await cur.fetchone()
-        assert counts is not None  # an aggregate without GROUP BY returns one row
-        cur = await self.conn.execute(self._sql["replay_summary"])
-        row = await cur.fetchone()
-        assert row is not None
-        return replace(PlanSummary(*row), left_out=LeftOut(skipped=counts[1], dead=counts[2], excluded=counts[3]))
-
-    async def page(self, after: int, count: int, budget: int) -> list[PlanRow]:
-        """The plan's rows after rank ``after``: at most ``count``, and ``budget`` bytes of
-        payload unless the first row alone is larger."""
-        exact = server_encoding(self.conn) == SQL_ASCII
-        params = {"after": after, "count": count, "budget": budget, "histories": self._histories}
-        async with payload_cursor(self.conn) as cur:
-            await cur.execute(self._sql["replay_page"], params)
-            rows = await cur.fetchall()
-        found = []
-        for row in rows:
-            rank, resume_from, columns = row[0], row[1], row[_PLAN_COLUMNS:]
-            if columns[0] is None:
-                found.append(PlanRow(rank, resume_from, None))
-            else:
-                found.append(PlanRow(rank, resume_from, message_from_row(columns, columns[4], exact=exact)))
-        return found
-
-    async def resume_from(self, rank: int) -> int | None:
-        """Where a resumed replay starts once every rank below ``rank`` is confirmed; None
-        past the end of the plan."""
-        cur = await self.conn.execute(self._sql["replay_resume_from"], {"rank": rank})
-        row = await cur.fetchone()
-        return None if row is None else int(row[0])
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,13 @@ from relay.config import RelaySettings
 from relay.contract import Publisher, ReportsUnroutable, WatchesDestinations
 from relay.db.dispatch import OutboxStore
 from relay.db.session import TRANSIENT_DB_ERRORS, check_schema, connect, open_pool
-from relay.dbtext import SQL_ASCII, server_encoding
+from relay.db.settings import SharedSettings, read_settings
+from relay.db.text import SQL_ASCII, server_encoding
 from relay.errors import ConfigError, DatabaseUnavailable, first_line
 from relay.isolation import PublishTurns
 from relay.oversize import OversizeTurn
 from relay.readiness import Destinations, not_ready
-from relay.shared_settings import Given, SharedSettings, disagreements, read_settings
+from relay.shared_settings import Given, disagreements
 from relay.sleep import sleep_unless_stopped
 from relay.tracing import Tracing
 from relay.wakeup import Presence, listen

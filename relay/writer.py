@@ -36,10 +36,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from psycopg import sql
-
 from relay._transactions import async_runner, sync_runner
 from relay.db.names import OutboxNames
+from relay.db.writer import WriterStatements
 from relay.errors import ConfigError, shown
 from relay.message import producer_headers
 
@@ -189,24 +188,6 @@ def _trace_headers() -> dict[str, str]:
     return {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")}
 
 
-_INSERT = """
-INSERT INTO {outbox} (aggregate_type, aggregate_id, event_type, payload, headers, event_id)
-SELECT e.aggregate_type, e.aggregate_id, e.event_type, e.payload, e.headers, e.event_id
-  FROM unnest(CAST(%(aggregate_types)s AS text[]), CAST(%(aggregate_ids)s AS text[]),
-              CAST(%(event_types)s AS text[]), CAST(%(payloads)s AS jsonb[]),
-              CAST(%(headers)s AS jsonb[]), CAST(%(event_ids)s AS uuid[]))
-       WITH ORDINALITY AS e(aggregate_type, aggregate_id, event_type, payload, headers, event_id, n)
- ORDER BY e.n
-"""
-
-
-_INSERT_ONE = """
-INSERT INTO {outbox} (aggregate_type, aggregate_id, event_type, payload, headers, event_id)
-VALUES (%(aggregate_type)s, %(aggregate_id)s, %(event_type)s, CAST(%(payload)s AS jsonb),
-        CAST(%(headers)s AS jsonb), CAST(%(event_id)s AS uuid))
-"""
-
-
 # The batch statement's parameter (an array) for each of the single-row statement's.
 _ONE = {
     "aggregate_types": "aggregate_type",
@@ -233,9 +214,8 @@ class Outbox:
     def __init__(self, table: str = "outbox", schema: str = "public", *, trace_context: bool = True) -> None:
         self.names = OutboxNames(schema=schema, table=table)
         self.trace_context = trace_context
-        table_id = sql.Identifier(schema, table)
-        self._insert = sql.SQL(_INSERT).format(outbox=table_id).as_string(None)
-        self._insert_one = sql.SQL(_INSERT_ONE).format(outbox=table_id).as_string(None)
+        statements = WriterStatements.of(self.names)
+        self._insert, self._insert_one = statements.insert, statements.insert_one
 
     def _row(self, event: Event, trace: Mapping[str, str]) -> dict[str, Any]:
         """One event as the single-row statement's parameters, checked."""

@@ -39,14 +39,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.contract import Outcome
 from relay.db.dispatch import OutboxStore
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.db.session import configure_session, open_pool
+from relay.db.settings import SettingsUpdate, store_ordering, update_settings
 from relay.message import OutboxMessage
-from relay.migrate import migrate
 from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
-from relay.shared_settings import SettingsUpdate, store_ordering, update_settings
 from relay.worker import Worker, WorkerConfig
 from scripts.procstat import CpuMeter
 from scripts.reference_schema import REFERENCE_DDL

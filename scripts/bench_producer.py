@@ -49,10 +49,10 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from relay.commit_order import CommitOrder
+from relay.db.commit_order import CommitOrder
 from relay.db.names import OutboxNames
+from relay.db.settings import SettingsUpdate, update_settings
 from relay.db.statements import migrations, named_queries
-from relay.shared_settings import SettingsUpdate, update_settings
 from scripts.procstat import process_cpu
 from scripts.reference_schema import REFERENCE_DDL
 

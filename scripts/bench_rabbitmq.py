@@ -69,9 +69,9 @@ from relay.adapters.rabbitmq.envelope import Envelope, build
 from relay.adapters.rabbitmq.publisher import RabbitPublisher
 from relay.adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
 from relay.db.names import OutboxNames
+from relay.db.settings import store_ordering
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
-from relay.shared_settings import store_ordering
 from scripts.procstat import command_cpu, machine_busy, process_cpu
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"

@@ -72,12 +72,12 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from relay.adapters.log import LogPublisher
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
+from relay.db.settings import store_ordering
 from relay.db.statements import named_queries
 from relay.message import OutboxMessage
-from relay.migrate import migrate
 from relay.ordering import OrderingMap
-from relay.shared_settings import store_ordering
 from scripts.procstat import machine_busy, pids_named, process_cpu
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"

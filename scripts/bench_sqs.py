@@ -70,9 +70,9 @@ from relay.adapters.aws.entries import Entry
 from relay.adapters.aws.settings import concurrency_for
 from relay.adapters.sqs.entries import prepare
 from relay.db.names import OutboxNames
+from relay.db.settings import store_ordering
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
-from relay.shared_settings import store_ordering
 from scripts.procstat import command_cpu, machine_busy, process_cpu
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"

@@ -1,4 +1,4 @@
--- The privileges of the two roles besides the owner (relay.grants), one statement per
+-- The privileges of the two roles besides the owner (relay.db.grants), one statement per
 -- `-- name --` header with a one-line description, loaded beside queries.sql by
 -- relay.db.statements. `relay migrate --grant-producer/--grant-relay` runs them and `relay
 -- grants` prints them for a DBA. Placeholders as in queries.sql, plus {role} (the grantee)

@@ -1,4 +1,4 @@
--- The statements `relay migrate` runs besides the migrations themselves (relay.migrate),
+-- The statements `relay migrate` runs besides the migrations themselves (relay.db.migrate),
 -- one per `-- name --` header with a one-line description, loaded beside queries.sql by
 -- relay.db.statements. Values are always bound parameters.
 

@@ -48,7 +48,7 @@ SELECT (SELECT c.stamp FROM {q_commits} AS c ORDER BY c.stamp LIMIT 1) IS NOT NU
    FOR UPDATE SKIP LOCKED;
 
 -- commit_order_read --
--- How the ingest learns commit order ('stamp' or 'id', relay.commit_order), read after ingest_lock: a switch holds the ingest's turn until it commits, so this statement's snapshot sees the mode the table's trigger and index are in.
+-- How the ingest learns commit order ('stamp' or 'id', relay.db.commit_order), read after ingest_lock: a switch holds the ingest's turn until it commits, so this statement's snapshot sees the mode the table's trigger and index are in.
 SELECT commit_order FROM {q_settings};
 
 -- ingest --
@@ -334,7 +334,7 @@ SELECT ord_default, ord_names, unord_names, ord_patterns, unord_patterns, notify
    FOR UPDATE;
 
 -- settings_write --
--- Store the shared settings (relay migrate with ordering or notify options, relay settings set; relay start never does): rows are routed by the map when inserted, and the insert trigger notifies only while notify is true. A change of commit_order is written after relay.commit_order.switch, in the same transaction.
+-- Store the shared settings (relay migrate with ordering or notify options, relay settings set; relay start never does): rows are routed by the map when inserted, and the insert trigger notifies only while notify is true. A change of commit_order is written after relay.db.commit_order.switch, in the same transaction.
 UPDATE {q_settings}
    SET ord_default    = %(ord_default)s,
        ord_names      = %(ord_names)s,

@@ -130,7 +130,7 @@ CREATE INDEX {n_dead_idx} ON {outbox} (id) WHERE status = 'dead';
 -- New ordered rows the ingest has not numbered yet, found by their transaction. Dead too:
 -- a row someone marked dead by hand before it was numbered still takes its place in the
 -- sequence, and blocks its aggregate there. Under --commit-order id (0016) the same index is
--- on (id) alone: the ingest takes those rows in id order (relay.commit_order rebuilds it).
+-- on (id) alone: the ingest takes those rows in id order (relay.db.commit_order rebuilds it).
 CREATE INDEX {n_fresh_idx} ON {outbox} (xid, id)
     WHERE ordered AND aggregate_seq IS NULL AND status IN ('pending', 'dead');
 
@@ -185,7 +185,7 @@ CREATE TABLE {q_settings} (
     -- leave a stale answer behind. A killed idle relay's answer runs out with its row.
     wake_until     timestamptz,
     -- How the ingest learns commit order (0016; relay settings set --commit-order, which
-    -- relay.commit_order carries out): 'stamp', a commit stamp per producer transaction
+    -- relay.db.commit_order carries out): 'stamp', a commit stamp per producer transaction
     -- (any producer); 'id', the outbox id (producers that lock the aggregate before they
     -- insert: the stamp trigger is off and <table>_fresh_idx is on (id)).
     commit_order   text NOT NULL DEFAULT 'stamp'
@@ -547,7 +547,7 @@ CREATE INDEX {n_dead_ordered_idx} ON {outbox} (aggregate_id) WHERE status = 'dea
 
 -- ---- The migration ledger
 --
--- What `relay migrate` creates before it applies anything (relay.migrate) and the row it
+-- What `relay migrate` creates before it applies anything (relay.db.migrate) and the row it
 -- records for each migration: here every migration, so that `relay migrate` sees this
 -- schema as up to date. A new migration adds its row here.
 CREATE TABLE {q_migrations} (

@@ -22,11 +22,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from relay.db.dispatch import OutboxStore
+from relay.db.grants import Grantee, grant
 from relay.db.names import OutboxNames
+from relay.db.settings import store_ordering
 from relay.db.statements import schema_sql
-from relay.grants import Grantee, grant
 from relay.ordering import OrderingMap
-from relay.shared_settings import store_ordering
 from tests.helpers import create_outbox_at
 from tests.relay_process import RelayProcess
 from tests.services import SKIP_PG, postgres_dsn, require_services
@@ -94,7 +94,7 @@ def vacuum_catalogs(dsn: str) -> None:
 class Roles:
     """The two non-superuser login roles the suite's producers and relays run as: granted
     on each test's outbox by `names`, exactly what `relay migrate --grant-producer
-    --grant-relay` grants (relay.grants). ``pg_dsn`` (a superuser) only migrates, and
+    --grant-relay` grants (relay.db.grants). ``pg_dsn`` (a superuser) only migrates, and
     arranges or inspects what a test needs."""
 
     producer: str

@@ -13,16 +13,16 @@ from psycopg import sql
 
 from relay.adapters.memory import InMemoryPublisher, Script
 from relay.backoff import Backoff
-from relay.commit_order import CommitOrder
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.contract import PublishLimits
+from relay.db.commit_order import CommitOrder
 from relay.db.dispatch import OutboxStore
 from relay.db.names import OutboxNames
+from relay.db.settings import SettingsUpdate, update_settings
 from relay.db.statements import migrations, named_queries
 from relay.decide import Policy
 from relay.message import OutboxMessage
 from relay.options import resolve
-from relay.shared_settings import SettingsUpdate, update_settings
 from relay.worker import Worker, WorkerConfig
 
 # What `relay start` tells an adapter with its default settings (--publish-timeout 20s,

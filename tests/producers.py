@@ -35,8 +35,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from relay.db.names import OutboxNames
+from relay.db.settings import store_ordering
 from relay.ordering import OrderingMap
-from relay.shared_settings import store_ordering
 
 if TYPE_CHECKING:
     from tests.conftest import Db

@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 
 from relay import Inbox
-from relay.migrate import migrate
+from relay.db.migrate import migrate
 from tests.helpers import sqlalchemy_url
 
 pytest.importorskip("alembic")

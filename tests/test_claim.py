@@ -10,9 +10,9 @@ import psycopg
 import pytest
 
 from relay.db.dispatch import OutboxStore
+from relay.db.settings import store_ordering
 from relay.message import Decision
 from relay.ordering import OrderingMap
-from relay.shared_settings import store_ordering
 from tests.conftest import Db
 
 LONG = timedelta(seconds=30)

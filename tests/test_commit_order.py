@@ -22,20 +22,20 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from relay.adapters.memory import InMemoryPublisher
-from relay.commit_order import CommitOrder, ingest_by_id
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
+from relay.db.commit_order import CommitOrder, ingest_by_id
 from relay.db.dispatch import OutboxStore
+from relay.db.grants import Grantee, grant
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.db.session import open_pool
+from relay.db.settings import read_settings, store_ordering
 from relay.db.statements import named_queries
-from relay.grants import Grantee, grant
 from relay.message import Decision, OutboxMessage
-from relay.migrate import migrate
 from relay.ops import deadletters
 from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
-from relay.shared_settings import read_settings, store_ordering
 from tests.conftest import Db, Roles
 from tests.helpers import set_commit_order
 from tests.producers import (

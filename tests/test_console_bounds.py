@@ -18,9 +18,9 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.db.readmodel import DeadFilter
-from relay.migrate import migrate
 from relay.ops.deadletters import GROUPS_PER_PAGE, group_dead
 from tests.conftest import Db
 from tests.console_seed import TOKEN, RunningConsole

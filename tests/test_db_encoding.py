@@ -21,7 +21,7 @@ from psycopg import conninfo, sql
 from relay.db.dispatch import OutboxStore
 from relay.db.names import OutboxNames
 from relay.db.session import open_pool
-from relay.dbtext import not_utf8, storable
+from relay.db.text import not_utf8, storable
 from relay.decide import describe_text
 from relay.message import Decision
 from tests.conftest import Roles, dsn_as

@@ -19,10 +19,10 @@ import pytest
 from psycopg import sql
 
 from relay import ConfigError, Relay
+from relay.db.grants import Grantee, grant
 from relay.db.names import OutboxNames
 from relay.db.statements import schema_sql
 from relay.errors import DatabaseUnavailable
-from relay.grants import Grantee, grant
 from tests.conftest import Db, Roles
 from tests.rabbitmq_broker import Rabbit, TcpProxy
 from tests.relay_process import wait_until_async

@@ -17,9 +17,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from relay import Event, Outbox
 from relay.db.dispatch import OutboxStore
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.message import Decision, OutboxMessage
-from relay.migrate import migrate
 from relay.ops.prune import prune
 from tests.conftest import Db
 

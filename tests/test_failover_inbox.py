@@ -14,8 +14,8 @@ import pytest
 from psycopg import sql
 
 from relay import Event, Inbox, Outbox, OutOfOrder, Received, Relay, received_from_aio_pika
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
-from relay.migrate import migrate
 from tests.pg_clusters import ClusterPair, _run
 from tests.rabbitmq_broker import Rabbit
 from tests.relay_process import wait_until_async

@@ -42,7 +42,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.commit_order import CommitOrder
+from relay.db.commit_order import CommitOrder
 from relay.db.names import OutboxNames
 from tests.conftest import Db
 from tests.deliveries import ORDERED, Delivery, QueueReader, check_deliveries, read_queue, store_fleet_ordering

@@ -1,4 +1,4 @@
-"""The producer and relay roles (sql/grants.sql, relay.grants): what each may do, what each
+"""The producer and relay roles (sql/grants.sql, relay.db.grants): what each may do, what each
 may not, `relay grants` applied by a DBA, and bad input. The suite's fixtures (`names`,
 `producer_dsn`, `relay_dsn`) grant the session's two roles on every test's outbox."""
 
@@ -15,11 +15,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from relay.db.grants import Grantee, grant
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
-from relay.grants import Grantee, grant
-from relay.migrate import migrate
+from relay.db.settings import store_ordering
 from relay.ordering import OrderingMap
-from relay.shared_settings import store_ordering
 from tests.conftest import Db, dsn_as
 from tests.helpers import record_listeners
 from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until

@@ -11,9 +11,9 @@ import psycopg
 from psycopg import sql
 
 from relay.db.dispatch import OutboxStore
+from relay.db.settings import store_ordering
 from relay.message import Decision
 from relay.ordering import OrderingMap
-from relay.shared_settings import store_ordering
 from tests.conftest import Db
 
 LEASE = timedelta(seconds=30)

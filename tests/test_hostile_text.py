@@ -25,13 +25,13 @@ from psycopg_pool import AsyncConnectionPool
 from relay import dsn as dsn_module
 from relay import logs
 from relay.db.dispatch import OutboxStore
+from relay.db.grants import Grantee, grant
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.db.readmodel import DeadFilter, DeadMessage, DeadPage
 from relay.dsn import describe_dsn, describe_url, mask, remember_secrets, url_problem
 from relay.errors import ConfigError, PermanentError, RetryableError
-from relay.grants import Grantee, grant
 from relay.message import OutboxMessage
-from relay.migrate import migrate
 from relay.ops.deadletters import DeadGroup, DeadGroups
 from relay.ops.release import Held, ReleaseResult
 from relay.ops.render import event_type_table, render_groups, render_list, render_release

@@ -22,9 +22,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from relay import Event, Inbox, Outbox, Received, Relay, received_from_aio_pika
 from relay.db.dispatch import OutboxStore
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.message import Decision
-from relay.migrate import migrate
 from tests.conftest import Db
 from tests.rabbitmq_broker import Rabbit
 from tests.relay_process import relay_env, run_relay, wait_until_async

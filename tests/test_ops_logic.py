@@ -27,6 +27,7 @@ from relay.db.readmodel import (
     SummaryRow,
     WakeupStatus,
 )
+from relay.db.settings import SharedSettings
 from relay.errors import ConfigError
 from relay.ops.deadletters import DeadGroup, DeadGroups, Refusal, WriteResult
 from relay.ops.explain import explanation
@@ -47,7 +48,6 @@ from relay.ops.render import (
 )
 from relay.ops.status import Status, attempt_histogram, by_event_type_status, summarize
 from relay.ordering import OrderingMap
-from relay.shared_settings import SharedSettings
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 NAMES = OutboxNames()

@@ -24,10 +24,11 @@ from relay.adapters.memory import InMemoryPublisher
 from relay.backoff import Backoff
 from relay.contract import Outcome
 from relay.db.names import OutboxNames
+from relay.db.replay import ReplayPlan
 from relay.db.session import configure_session
 from relay.errors import BrokerUnavailable, PermanentError, RetryableError
 from relay.message import OutboxMessage
-from relay.replay import RatePacer, Replayer, ReplayLimits, ReplayPlan, ReplayReport, Selection
+from relay.replay import RatePacer, Replayer, ReplayLimits, ReplayReport, Selection
 from tests.conftest import Db
 
 FAST = ReplayLimits(

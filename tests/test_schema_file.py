@@ -19,9 +19,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.db.statements import migrations, schema_sql
-from relay.migrate import migrate
 
 # One catalog query per aspect, each taking the schema's name as %(schema)s and sorted, so
 # that two schemas built alike give equal lists. Test-only: the relay never runs these.

@@ -13,11 +13,11 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from relay.db.dispatch import OutboxStore
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
+from relay.db.settings import store_ordering
 from relay.message import Decision, OutboxMessage
-from relay.migrate import migrate
 from relay.ordering import OrderingMap
-from relay.shared_settings import store_ordering
 from tests.relay_process import run_relay
 
 LEASE = timedelta(seconds=30)

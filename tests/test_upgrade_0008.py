@@ -9,8 +9,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
-from relay.migrate import migrate
 
 
 @pytest.fixture

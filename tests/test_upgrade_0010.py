@@ -14,9 +14,9 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from relay.db.dispatch import OutboxStore
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.message import Decision
-from relay.migrate import migrate
 
 LEASE = timedelta(seconds=30)
 

@@ -14,10 +14,10 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from relay.db.dispatch import OutboxStore
+from relay.db.grants import Grantee, statements
+from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
-from relay.grants import Grantee, statements
 from relay.message import Decision
-from relay.migrate import migrate
 from tests.conftest import Roles
 
 LEASE = timedelta(seconds=30)

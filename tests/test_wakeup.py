@@ -18,9 +18,9 @@ from psycopg import sql
 from relay.adapters.memory import InMemoryPublisher
 from relay.db.dispatch import OutboxStore
 from relay.db.names import OutboxNames
+from relay.db.settings import store_ordering
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
-from relay.shared_settings import store_ordering
 from relay.wakeup import LISTENER_TTL
 from tests.conftest import Db
 from tests.helpers import record_listeners, settings_for

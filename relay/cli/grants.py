@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from relay import grants
 from relay.cli.common import configure_logging, run, settings_for, with_conn, with_options
 from relay.config import CORE_OPTIONS, GRANT_OPTIONS, LOG_OPTIONS, names_from, require_dsn
+from relay.db import grants
 from relay.db.rows import Conn
 from relay.errors import ConfigError
 

@@ -9,7 +9,6 @@ from typing import Any
 import click
 import psycopg
 
-from relay import grants
 from relay.cli.common import configure_logging, settings_for, with_options
 from relay.config import (
     CORE_OPTIONS,
@@ -20,11 +19,13 @@ from relay.config import (
     ordering_from,
     require_dsn,
 )
+from relay.db import grants
+from relay.db.migrate import migrate as apply_migrations
+from relay.db.migrate import pg_message
 from relay.db.session import connect
+from relay.db.settings import SettingsUpdate, update_settings
 from relay.errors import ConfigError
-from relay.migrate import migrate as apply_migrations
-from relay.migrate import pg_message
-from relay.shared_settings import SHARED_OPTIONS, SettingsUpdate, render_change, update_settings
+from relay.shared_settings import SHARED_OPTIONS, render_change
 
 # For migrate, the shared settings' options default to "not given": only a map (or a
 # notify) someone asked for replaces the stored one.

@@ -44,6 +44,7 @@ from relay.config import (
     session_limits,
 )
 from relay.contract import BROKERS, DestinationCheck, PublishLimits, check_destinations
+from relay.db.replay import LeftOut, PlanSummary, ReplayPlan
 from relay.db.session import check_schema, configure_session, connect
 from relay.dsn import mask
 from relay.durations import format_duration, parse_moment
@@ -52,11 +53,8 @@ from relay.ids import parse_id_list, parse_outbox_id
 from relay.replay import (
     MAX_EXCLUDED,
     MAX_ID,
-    LeftOut,
-    PlanSummary,
     Replayer,
     ReplayLimits,
-    ReplayPlan,
     ReplayReport,
     Selection,
     check_run_id,

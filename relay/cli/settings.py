@@ -17,18 +17,12 @@ from typing import Any
 import click
 
 from relay.cli.common import OPS_OPTIONS, ops_setup, run, with_conn, with_options
-from relay.commit_order import CommitOrder
+from relay.db.commit_order import CommitOrder
 from relay.db.names import OutboxNames
 from relay.db.rows import Conn
+from relay.db.settings import SettingsUpdate, SharedSettings, read_settings, update_settings
 from relay.ops.deadletters import default_operator
-from relay.shared_settings import (
-    SettingsUpdate,
-    SharedSettings,
-    read_settings,
-    render_change,
-    render_text,
-    update_settings,
-)
+from relay.shared_settings import render_change, render_text
 
 log = logging.getLogger("relay.settings")
 

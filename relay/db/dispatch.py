@@ -19,11 +19,11 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
 
-from relay.commit_order import ingest_by_id
+from relay.db.commit_order import ingest_by_id
 from relay.db.names import OutboxNames
 from relay.db.session import SessionLimits, configure_session
 from relay.db.statements import named_queries
-from relay.dbtext import SQL_ASCII, not_utf8, not_utf8_bytes, readable, server_encoding, storable
+from relay.db.text import SQL_ASCII, not_utf8, not_utf8_bytes, readable, server_encoding, storable
 from relay.dsn import mask
 from relay.errors import first_line
 from relay.message import Decision, OutboxMessage, decode_headers

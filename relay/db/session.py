@@ -17,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from relay.db.names import OutboxNames
 from relay.db.statements import migrations
-from relay.dbtext import set_up_text
+from relay.db.text import set_up_text
 from relay.dsn import describe_dsn, mask
 from relay.errors import ConfigError, DatabaseUnavailable
 
@@ -75,7 +75,7 @@ def network_defaults(dsn: str) -> dict[str, str]:
 async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
     """One autocommit connection; failures become DatabaseUnavailable naming host and database.
 
-    Its text is UTF-8 whatever the database's encoding (:mod:`relay.dbtext`). It serves the
+    Its text is UTF-8 whatever the database's encoding (:mod:`relay.db.text`). It serves the
     operator commands, the wake-up listener, prune and probes, none of which publishes: bytes
     of a SQL_ASCII database that are not UTF-8 are shown as ``\\xe9`` ("readable").
     """
@@ -130,7 +130,7 @@ async def configure_session(conn: psycopg.AsyncConnection[Any], limits: SessionL
       ingest in bench_db. No statement of the relay's gains from it.
     * Text in UTF-8 whatever the database's encoding; in a SQL_ASCII database, bytes that
       are not UTF-8 are kept exactly, so the store can send their row to dead alone
-      (:mod:`relay.dbtext`).
+      (:mod:`relay.db.text`).
     * ``limits`` (:class:`SessionLimits`; its defaults when None): statement_timeout and
       idle_in_transaction_session_timeout, so PostgreSQL itself ends what runs too long.
     """

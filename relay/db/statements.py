@@ -21,7 +21,7 @@ _HEADER = re.compile(r"^-- (?P<name>[a-z_][a-z0-9_]*) --$", re.MULTILINE)
 _SCHEMA = "schema.sql"
 # The grants take a {role} and a {database} besides the outbox's names, so the store's and
 # the operator tools' renderers (which fill every statement with names alone) never see
-# them: relay.grants reads them through named_grants().
+# them: relay.db.grants reads them through named_grants().
 _GRANTS = "grants.sql"
 
 
@@ -72,7 +72,7 @@ def statement(names: OutboxNames, name: str) -> sql.Composed:
 
 @cache
 def named_grants() -> dict[str, str]:
-    """The named statements of ``sql/grants.sql`` (relay.grants), parsed once per process."""
+    """The named statements of ``sql/grants.sql`` (relay.db.grants), parsed once per process."""
     return _parse((sql_dir() / _GRANTS).read_text(encoding="utf-8"))
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from relay.db import readmodel
 from relay.db.names import OutboxNames
 from relay.db.readmodel import Conn, EventTypeRow, SummaryRow, WakeupStatus
-from relay.shared_settings import SharedSettings, read_settings
+from relay.db.settings import SharedSettings, read_settings
 
 # Histogram buckets of attempts used so far: exact for the first few (the usual retries),
 # then doubling, so a long tail of poison messages stays on one screen.

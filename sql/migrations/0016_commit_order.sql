@@ -7,7 +7,7 @@
 -- on its id) draw each event's id under that lock, so within an aggregate id order is
 -- commit order and no stamp is needed. `relay settings set --commit-order id` says so for
 -- one outbox: it turns the stamp trigger off and indexes the rows waiting to be numbered
--- by id instead of by transaction (relay.commit_order does the switch, under locks, after
+-- by id instead of by transaction (relay.db.commit_order does the switch, under locks, after
 -- numbering everything committed by the old rule). 'stamp', the default, is right for any
 -- producer.
 ALTER TABLE {q_settings} ADD COLUMN commit_order text NOT NULL DEFAULT 'stamp';

@@ -24,10 +24,10 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from relay.db.names import OutboxNames
-from relay.db.statements import migrations, named_queries
+from relay.db.statements import migrations, statement
 from relay.errors import ConfigError, DatabaseUnavailable
 
-log = logging.getLogger("relay.migrate")
+log = logging.getLogger("relay.db.migrate")
 
 # The schemas PostgreSQL keeps for itself: it reserves the "pg_" prefix (pg_catalog,
 # pg_toast, pg_temp_N, ...), and a superuser could create tables in information_schema.
@@ -77,7 +77,6 @@ def refuse_system_schema(names: OutboxNames) -> None:
 
 async def _migrate(conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> MigrationResult:
     ledger = names.identifier("q_migrations")
-    queries = named_queries()
     async with conn.transaction():
         # The lock comes first: even CREATE ... IF NOT EXISTS races when two run at once.
         await conn.execute(
@@ -85,7 +84,7 @@ async def _migrate(conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> Mi
         )
         asked = conn.cursor(row_factory=dict_row)
         await asked.execute(
-            names.render(queries["migrate_access"]), {"schema": names.schema, "ledger": f"{names.table}_migrations"}
+            statement(names, "migrate_access"), {"schema": names.schema, "ledger": f"{names.table}_migrations"}
         )
         access = await asked.fetchone()
         assert access is not None  # one row whatever the schema: a LEFT JOIN of a constant
@@ -173,7 +172,7 @@ _EXAMPLES = ("migrations", "settings", "heads")
 async def _owner(conn: psycopg.AsyncConnection[Any], names: OutboxNames, taken: str) -> str | None:
     """The outbox in ``names.schema`` that the object named ``taken`` is part of, if any."""
     try:
-        cur = await conn.execute(names.render(named_queries()["migrate_outboxes"]), {"schema": names.schema})
+        cur = await conn.execute(statement(names, "migrate_outboxes"), {"schema": names.schema})
         outboxes = [row[0] for row in await cur.fetchall()]
     except psycopg.Error:  # only to enrich the message; the refusal stands without it
         return None

@@ -31,10 +31,10 @@ import psycopg
 from psycopg import errors, sql
 
 from relay.db.names import OutboxNames
-from relay.db.statements import named_queries
+from relay.db.statements import named_queries, statement
 from relay.errors import ConfigError
 
-log = logging.getLogger("relay.commit_order")
+log = logging.getLogger("relay.db.commit_order")
 
 CommitOrder = Literal["stamp", "id"]
 
@@ -62,12 +62,11 @@ def ingest_by_id(text: str) -> str:
 
 
 def _ingest_statements(names: OutboxNames) -> dict[str, sql.Composed]:
-    queries = named_queries()
     return {
-        "plans": names.render(queries["ingest_plans"]),
-        "plans_reset": names.render(queries["ingest_plans_reset"]),
-        "stamp": names.render(queries["ingest"]),
-        "id": names.render(ingest_by_id(queries["ingest"])),
+        "plans": statement(names, "ingest_plans"),
+        "plans_reset": statement(names, "ingest_plans_reset"),
+        "stamp": statement(names, "ingest"),
+        "id": names.render(ingest_by_id(named_queries()["ingest"])),
     }
 
 
