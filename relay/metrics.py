@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from relay.db.names import OutboxNames
 from relay.db.rows import Conn
 from relay.message import KINDS, Decision
-from relay.ops.status import StatusSummary, read_summary
+from relay.summary import StatusSummary, read_summary
 
 # The `outcome` label: what became of a message, as relay.message.Decision names it.
 OUTCOMES: Final = KINDS

@@ -422,7 +422,7 @@ async def _refresh_gauges(metrics: Any, pool: AsyncConnectionPool[Any], settings
 
 
 async def _prune(settings: RelaySettings, older_than: timedelta, heads_idle_for: timedelta | None) -> None:
-    from relay.ops.prune import prune
+    from relay.retention import prune
 
     # A connection of its own: a first prune of a long history can take minutes, and
     # must not hold a pool slot a worker needs.

@@ -14,7 +14,7 @@ from relay.console.hosts import allowed_hosts, answers_to, check_host_name, host
 from relay.console.pages import ACTION_MAX, action_request, dead_filter
 from relay.dsn import mask
 from relay.errors import ConfigError
-from relay.ops.status import StatusSummary
+from relay.summary import StatusSummary
 
 SECRET = "0123456789abcdef-secret"
 

@@ -20,7 +20,7 @@ from relay.db.dispatch import OutboxStore
 from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.message import Decision, OutboxMessage
-from relay.ops.prune import prune
+from relay.retention import prune
 from tests.conftest import Db
 
 LEASE = timedelta(seconds=30)

@@ -157,3 +157,36 @@ def test_test_modules_share_helpers_not_each_other() -> None:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.test_"):
                 wrong.append(f"{path.name} imports {node.module}")
     assert wrong == []
+
+
+def test_the_database_layer_imports_nothing_above_it() -> None:
+    # relay/db names the statements and builds the rows; what it may use beside itself:
+    # the failure classes, the masking of secrets, the message a claimed row becomes and
+    # the ordering map a settings row holds. Nothing that decides or presents.
+    graph = import_graph()
+    allowed = {"relay", "relay.errors", "relay.dsn", "relay.textsafe", "relay.message", "relay.ordering"}
+    wrong = {
+        m: sorted(d for d in deps if not d.startswith("relay.db") and d not in allowed)
+        for m, deps in graph.items()
+        if m.startswith("relay.db")
+    }
+    assert {m: d for m, d in wrong.items() if d} == {}
+
+
+def test_only_the_database_layer_reads_sql_files() -> None:
+    graph = import_graph()
+    readers = sorted(m for m, deps in graph.items() if "relay.db.statements" in deps and not m.startswith("relay.db"))
+    assert readers == []
+
+
+def test_the_running_relay_needs_nothing_of_the_operator_tools() -> None:
+    # Everything `relay start` and relay.Relay load, followed through their imports.
+    graph = import_graph()
+    seen: set[str] = set()
+    todo = ["relay.embed", "relay.runner", "relay.cli.start"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    assert sorted(m for m in seen if m.startswith(("relay.ops", "relay.console"))) == []

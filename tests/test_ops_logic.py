@@ -31,7 +31,6 @@ from relay.db.settings import SharedSettings
 from relay.errors import ConfigError
 from relay.ops.deadletters import DeadGroup, DeadGroups, Refusal, WriteResult
 from relay.ops.explain import explanation
-from relay.ops.prune import HeadsResult, PruneResult
 from relay.ops.release import Held, ReleaseResult
 from relay.ops.render import (
     jsonable,
@@ -46,8 +45,10 @@ from relay.ops.render import (
     table,
     to_json,
 )
-from relay.ops.status import Status, attempt_histogram, by_event_type_status, summarize
+from relay.ops.status import Status, attempt_histogram, by_event_type_status
 from relay.ordering import OrderingMap
+from relay.retention import HeadsResult, PruneResult
+from relay.summary import summarize
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 NAMES = OutboxNames()

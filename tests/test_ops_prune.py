@@ -11,7 +11,7 @@ import pytest
 from psycopg import sql
 
 from relay.errors import ConfigError
-from relay.ops.prune import prune
+from relay.retention import prune
 from tests.conftest import Db
 from tests.ops_helpers import run_parallel, target
 from tests.relay_process import assert_one_line_error

@@ -18,7 +18,7 @@ from relay.db.dispatch import OutboxStore
 from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.message import Decision
-from relay.ops.prune import prune
+from relay.retention import prune
 
 LEASE = timedelta(seconds=30)
 BEFORE = 11  # the last migration of the release before 0013

@@ -41,13 +41,14 @@ from relay.db.session import check_schema, connect
 from relay.dsn import describe_dsn
 from relay.durations import format_duration, parse_duration
 from relay.errors import ConfigError, DatabaseUnavailable, shown
+from relay.ops import deadletters
 from relay.ops.deadletters import default_operator
 from relay.ops.explain import explain
-from relay.ops.prune import DEFAULT_BATCH, SkipBlocking, prune
 from relay.ops.release import parse_ids, release
 from relay.ops.render import jsonable, render_explanation, render_prune, render_release, render_status, to_json
 from relay.ops.status import read_status
 from relay.options import load_file, resolve
+from relay.retention import DEFAULT_BATCH, SkipBlocking, prune
 from relay.routes import ROUTES_OPTION, destination_namer
 
 # A release judges spent attempts as the relays' reaper does: by their --max-attempts
@@ -218,7 +219,7 @@ def prune_cmd(
         raise ConfigError("--reason is recorded by --skip-blocking: give both, or neither")
     how = None
     if skip_blocking:
-        how = SkipBlocking(by=by or default_operator(), reason=reason or "")
+        how = SkipBlocking(by=by or default_operator(), reason=reason or "", skip=deadletters.skip)
     dsn, names = ops_setup(cli_values)
 
     async def body(conn: Conn) -> str:

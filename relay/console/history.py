@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from relay.dsn import mask
 from relay.errors import first_line
-from relay.ops.status import StatusSummary
+from relay.summary import StatusSummary
 
 log = logging.getLogger("relay.console")
 

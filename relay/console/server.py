@@ -21,7 +21,7 @@ from relay.console.hosts import is_loopback
 from relay.db.names import OutboxNames
 from relay.db.session import check_schema, connect, open_pool
 from relay.errors import ConfigError
-from relay.ops.status import StatusSummary, read_summary
+from relay.summary import StatusSummary, read_summary
 
 log = logging.getLogger("relay.console")
 

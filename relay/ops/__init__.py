@@ -1,8 +1,10 @@
-"""The operator tools (`relay status`, `explain`, `dead`, `prune`, `release`) in layers.
+"""The operator tools (`relay status`, `explain`, `dead`, `release`; `prune` is
+:mod:`relay.retention`, which the running relay uses too) as logic over the database
+layer's rows.
 
-:mod:`relay.db.readmodel` runs the statements of ``sql/ops.sql`` and returns frozen
+:mod:`relay.db` (readmodel, actions, history) runs the statements and returns frozen
 dataclasses; :mod:`~relay.ops.status`, :mod:`~relay.ops.explain`,
-:mod:`~relay.ops.deadletters`, :mod:`~relay.ops.prune` and :mod:`~relay.ops.release` hold
-the logic over those objects; :mod:`relay.ops.render` turns the results into text and
-JSON. The command line (:mod:`relay.cli`) sits on top and nothing here imports it.
+:mod:`~relay.ops.deadletters` and :mod:`~relay.ops.release` hold the logic over those
+objects; :mod:`relay.ops.render` turns the results into text and JSON. The command line
+(:mod:`relay.cli`) and the console sit on top; nothing the running relay needs lives here.
 """

@@ -1,6 +1,6 @@
 """What the operator commands print: text for people and JSON-ready dicts, from the objects
 of :mod:`relay.ops.status`, :mod:`relay.ops.explain`, :mod:`relay.ops.deadletters`,
-:mod:`relay.ops.prune` and :mod:`relay.ops.release`.
+:mod:`relay.retention` and :mod:`relay.ops.release`.
 
 Nothing here reads the database. In the status, explain and dead output, producer data
 (event types, aggregate ids, errors) is escaped and cut by :mod:`relay.textsafe`, so a
@@ -19,9 +19,9 @@ from relay.db.readmodel import DeadFilter, DeadPage, WakeupStatus
 from relay.durations import age_text, format_duration
 from relay.ops.deadletters import DeadGroups, WriteResult
 from relay.ops.explain import Explanation
-from relay.ops.prune import HeadsResult, PruneResult
 from relay.ops.release import SHOWN, ReleaseResult
 from relay.ops.status import EventTypeStatus, Status, attempt_histogram
+from relay.retention import HeadsResult, PruneResult
 from relay.textsafe import CELL_CHARS, clip, escape, printable
 
 # ---- shared helpers

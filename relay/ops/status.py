@@ -18,40 +18,13 @@ from typing import Any
 
 from relay.db import readmodel
 from relay.db.names import OutboxNames
-from relay.db.readmodel import Conn, EventTypeRow, SummaryRow, WakeupStatus
+from relay.db.readmodel import Conn, EventTypeRow, WakeupStatus
 from relay.db.settings import SharedSettings, read_settings
+from relay.summary import StatusSummary, age, read_summary
 
 # Histogram buckets of attempts used so far: exact for the first few (the usual retries),
 # then doubling, so a long tail of poison messages stays on one screen.
 ATTEMPT_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, None))
-
-
-@dataclass(frozen=True)
-class StatusSummary:
-    """The headline figures of one outbox; ages are seconds by the database clock."""
-
-    at: datetime
-    pending_unordered: int
-    pending_ordered: int
-    processing: int
-    expired_leases: int
-    dead: int
-    oldest_waiting_age_s: float | None  # oldest pending or processing message; None when none waits
-    oldest_dead_age_s: float | None
-    blocked_aggregates: int  # ordered aggregates whose head message is dead
-    oldest_blocked_age_s: float | None  # age of the oldest dead head
-    waiting_behind_blocked: int  # ordered messages queued behind those dead heads
-    done_estimate: int | None  # an estimate, never a count: see the module docstring
-    total_bytes: int | None  # table, indexes and TOAST
-
-    @property
-    def pending(self) -> int:
-        return self.pending_unordered + self.pending_ordered
-
-    @property
-    def awaiting(self) -> int:
-        """Messages not yet delivered and not given up on: pending plus processing."""
-        return self.pending + self.processing
 
 
 @dataclass(frozen=True)
@@ -78,35 +51,6 @@ class Status:
     by_event_type: tuple[EventTypeStatus, ...] | None  # None unless asked for
     settings: SharedSettings | None = None  # the stored ordering map and notify
     wakeups: WakeupStatus | None = None
-
-
-def _age(now: datetime, then: datetime | None) -> float | None:
-    return None if then is None else max((now - then).total_seconds(), 0.0)
-
-
-def summarize(r: SummaryRow) -> StatusSummary:
-    """The headline figures of a ``status_summary`` row: ages by its clock, done estimated."""
-    unfinished = r.pending_unordered + r.pending_ordered + r.processing + r.dead
-    return StatusSummary(
-        at=r.now,
-        pending_unordered=r.pending_unordered,
-        pending_ordered=r.pending_ordered,
-        processing=r.processing,
-        expired_leases=r.expired_leases,
-        dead=r.dead,
-        oldest_waiting_age_s=_age(r.now, r.oldest_waiting_at),
-        oldest_dead_age_s=_age(r.now, r.oldest_dead_at),
-        blocked_aggregates=r.blocked_aggregates,
-        oldest_blocked_age_s=_age(r.now, r.oldest_blocked_at),
-        waiting_behind_blocked=r.waiting_behind_blocked,
-        done_estimate=None if r.live_estimate is None else max(r.live_estimate - unfinished, 0),
-        total_bytes=r.total_bytes,
-    )
-
-
-async def read_summary(conn: Conn, names: OutboxNames) -> StatusSummary:
-    """The headline figures; also what :meth:`relay.metrics.RelayMetrics.refresh_gauges` reads."""
-    return summarize(await readmodel.status_summary(conn, names))
 
 
 async def read_status(
@@ -149,7 +93,7 @@ def by_event_type_status(now: datetime, rows: Sequence[EventTypeRow]) -> tuple[E
             processing=e["processing"],
             expired_leases=e["expired_leases"],
             dead=e["dead"],
-            oldest_waiting_age_s=_age(now, e["oldest"]),
+            oldest_waiting_age_s=age(now, e["oldest"]),
         )
         for event_type, e in sorted(acc.items())
     )

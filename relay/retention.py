@@ -1,4 +1,5 @@
-"""`relay prune`: delete finished rows older than a cutoff, a small chunk at a time.
+"""Retention, for `relay prune` and the scheduled prune of `relay start`: delete finished
+rows older than a cutoff, a small chunk at a time.
 
 The outbox keeps every delivered row as ``done`` until something deletes it. Prune walks
 the primary key from the lowest id in chunks (``batch`` ids per statement, each statement
@@ -27,8 +28,10 @@ aggregate starts again at ``aggregate_seq`` 1 if it comes back.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, Protocol
 
 from relay.db import history
 from relay.db.history import BlockingDead
@@ -36,7 +39,6 @@ from relay.db.names import OutboxNames
 from relay.db.rows import Conn
 from relay.durations import format_duration
 from relay.errors import ConfigError
-from relay.ops import deadletters
 
 log = logging.getLogger("relay.prune")
 
@@ -54,12 +56,34 @@ SAMPLE = 20
 WAITING_LIMIT = 10_000
 
 
+class Skipped(Protocol):
+    """What skipping a page of dead rows did: whether it was written, which rows it
+    changed, and which it refused (a row re-driven meanwhile)."""
+
+    @property
+    def applied(self) -> bool: ...
+
+    @property
+    def changed(self) -> Sequence[Any]: ...
+
+    @property
+    def refused(self) -> Sequence[Any]: ...
+
+
+# How a page of dead ordered rows is skipped: `relay dead skip`'s own write
+# (relay.ops.deadletters.skip), handed in by the command, so that retention, which the
+# running relay uses too, never depends on the operator tools.
+Skip = Callable[..., Awaitable[Skipped]]
+
+
 @dataclass(frozen=True)
 class SkipBlocking:
-    """Skip the dead ordered rows prune would otherwise keep, recorded as ``by`` with ``reason``."""
+    """Skip the dead ordered rows prune would otherwise keep, recorded as ``by`` with
+    ``reason``, with ``skip`` (``skip(conn, names, ids, by=..., reason=...)``)."""
 
     by: str
     reason: str
+    skip: Skip
 
 
 @dataclass(frozen=True)
@@ -194,7 +218,7 @@ async def _skip_blocking(conn: Conn, names: OutboxNames, cutoff: datetime, how: 
     while ids := await history.prune_blocking_page(conn, names, cutoff, after, SKIP_PAGE):
         after = ids[-1]
         while ids:
-            written = await deadletters.skip(conn, names, ids, by=how.by, reason=how.reason)
+            written = await how.skip(conn, names, ids, by=how.by, reason=how.reason)
             if written.applied:
                 skipped += len(written.changed)
                 break
