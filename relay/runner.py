@@ -15,13 +15,12 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from relay.breaker import CircuitBreaker
@@ -31,15 +30,15 @@ from relay.db.dispatch import OutboxStore
 from relay.db.session import TRANSIENT_DB_ERRORS, check_schema, connect, open_pool
 from relay.db.settings import SharedSettings, read_settings
 from relay.db.text import SQL_ASCII, server_encoding
-from relay.errors import ConfigError, DatabaseUnavailable, first_line
-from relay.isolation import PublishTurns
-from relay.oversize import OversizeTurn
+from relay.errors import ConfigError, first_line
 from relay.readiness import Destinations, not_ready
+from relay.services import Duty, Elected, Every, Service
 from relay.shared_settings import Given, disagreements
 from relay.sleep import sleep_unless_stopped
+from relay.supervisor import Supervisor
 from relay.tracing import Tracing
 from relay.wakeup import Presence, listen
-from relay.worker import Worker, WorkerStats
+from relay.worker import Shared, Worker, WorkerStats
 
 log = logging.getLogger("relay.runner")
 
@@ -305,7 +304,6 @@ async def _run(
         if isinstance(publisher, ReportsUnroutable):
             held = publisher
             metrics.watch_unroutable(lambda: len(held.unroutable()))
-    breaker = CircuitBreaker(on_change=metrics.set_circuit_open if metrics else None)  # one per process
     if isinstance(publisher, WatchesDestinations):
         # Routes: one breaker each, for the metrics and for readiness.
         def on_destination(name: str, is_open: bool) -> None:
@@ -314,8 +312,6 @@ async def _run(
                 metrics.set_destination_open(name, is_open)
 
         publisher.watch_destinations(on_destination)
-    oversize = OversizeTurn()  # one message over --batch-bytes in flight per process
-    turns = PublishTurns()  # a batch that failed as a whole is published apart, alone (relay.isolation)
     prefix = owner_prefix()
     owners = [f"{prefix}:{i}" for i in range(settings.workers)]
     events = [asyncio.Event() for _ in owners]
@@ -323,97 +319,109 @@ async def _run(
     # and this process may be told not to (behind a transaction-mode pooler). A process
     # that does not listen writes no row in <table>_listeners: nobody would hear its wake-ups.
     listening = stored.notify and settings.notify
-    presence = Presence(store, prefix, owners, events) if listening else None
+    shared = Shared(
+        breaker=CircuitBreaker(on_change=metrics.set_circuit_open if metrics else None),
+        presence=Presence(store, prefix, owners, events) if listening else None,
+        metrics=metrics,
+        tracing=tracing,
+    )
     workers = [
-        Worker(
-            store=store,
-            publisher=publisher,
-            owner=owner,
-            config=settings.worker,
-            wakeup=event,
-            breaker=breaker,
-            metrics=metrics,
-            oversize=oversize,
-            presence=presence,
-            tracing=tracing,
-            turns=turns,
-        )
+        Worker(store=store, publisher=publisher, owner=owner, config=settings.worker, wakeup=event, shared=shared)
         for owner, event in zip(owners, events, strict=True)
     ]
-    background: list[asyncio.Task[None]] = []
-    server: asyncio.Server | None = None
-    # Everything started from here on is stopped in the finally below, whatever ends the
-    # run: a metrics port that cannot be bound (after the destination watch has started),
-    # a worker's bug, or a cancel.
-    try:
-        # A destination the start-up check did not find is looked at again until it is there.
-        background.append(asyncio.create_task(destinations.watch(stop)))
-        if metrics is not None and operate.metrics_port is not None:
-            from relay.httpd import all_ready, pool_check, serve
-
-            async def broker_ready() -> tuple[bool, str]:
-                reason = not_ready(breaker, destinations)
-                if reason is not None:
-                    return False, reason
-                return True, "broker and destinations accepting messages"
-
-            ready_check = all_ready(pool_check(pool, settings.names), broker_ready)
-            server = await serve(operate.metrics_port, metrics.registry, ready_check, host=operate.metrics_host)
-            log.info(
-                "metrics and health on %s:%d (/metrics, /healthz, /readyz)",
-                operate.metrics_host,
-                operate.metrics_port,
-            )
-            background.append(
-                asyncio.create_task(
-                    _every(stop, GAUGE_REFRESH_S, "gauge refresh", lambda: _refresh_gauges(metrics, pool, settings))
-                )
-            )
-        # After the metrics server: a port that cannot be bound is refused before anything runs.
-        if presence is not None:
-            background.append(
-                asyncio.create_task(
-                    listen(settings.dsn, settings.names, events, stop, on_listening=presence.set_listening)
-                )
-            )
-            background.append(asyncio.create_task(presence.keep_alive(stop)))
-        if operate.prune_older_than is not None:
-            older_than = operate.prune_older_than
-            background.append(
-                asyncio.create_task(
-                    _every(
-                        stop,
-                        operate.prune_interval.total_seconds(),
-                        "scheduled prune",
-                        lambda: _prune(settings, older_than, operate.prune_heads_idle_for),
-                    )
-                )
-            )
-        log.info(
-            "relay started: %d workers, broker %s, outbox %s, ordering %s (stored), wake-ups %s%s",
-            len(workers),
-            publisher.name,
-            settings.names.qualified,
-            stored.ordering.describe(),
-            "on" if listening else f"off (polling every {settings.worker.poll_interval.total_seconds():g}s)",
-            ", tracing on" if tracing is not None and tracing.enabled else "",
-        )
-        tasks = [
-            asyncio.create_task(w.run(stop), name=f"relay worker {w.owner} {settings.names.qualified}") for w in workers
-        ]
-        if ready is not None:
-            ready.set()
-        await _supervise(tasks, stop, settings.shutdown_grace)
-    finally:
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
-        if presence is not None:
-            await presence.close()  # neither idle nor working any more: producers stop counting it
-        if server is not None:
-            server.close()
-            await server.wait_closed()
+    services = _services(settings, operate, pool, destinations, shared, events, metrics)
+    log.info(
+        "relay started: %d workers, broker %s, outbox %s, ordering %s (stored), wake-ups %s%s",
+        len(workers),
+        publisher.name,
+        settings.names.qualified,
+        stored.ordering.describe(),
+        "on" if listening else f"off (polling every {settings.worker.poll_interval.total_seconds():g}s)",
+        ", tracing on" if tracing is not None and tracing.enabled else "",
+    )
+    await Supervisor(services).run(
+        [w.run(stop) for w in workers],
+        stop,
+        settings.shutdown_grace,
+        ready=ready,
+        names=[f"relay worker {w.owner} {settings.names.qualified}" for w in workers],
+    )
     return RunResult(stats=[w.stats for w in workers])
+
+
+def _services(
+    settings: RelaySettings,
+    operate: Operations,
+    pool: AsyncConnectionPool[Any],
+    destinations: Destinations,
+    shared: Shared,
+    events: list[asyncio.Event],
+    metrics: Any,
+) -> list[Service]:
+    """The background duties of this run, in the order they start (and the reverse of the
+    order they close): what the settings turn on."""
+    # A destination the start-up check did not find is looked at again until it is there.
+    services: list[Service] = [Duty("destination watch", destinations.watch)]
+    if metrics is not None and operate.metrics_port is not None:
+        services += _metrics_services(settings, operate, pool, destinations, shared, metrics)
+    presence = shared.presence
+    if presence is not None:
+        services.append(
+            Duty(
+                "wake-up listener",
+                lambda stop: listen(settings.dsn, settings.names, events, stop, on_listening=presence.set_listening),
+            )
+        )
+        # Neither idle nor working any more once closed: producers stop counting it.
+        services.append(Duty("presence", presence.keep_alive, closing=presence.close))
+    if operate.prune_older_than is not None:
+        older_than, heads = operate.prune_older_than, operate.prune_heads_idle_for
+        prune = Every("scheduled prune", operate.prune_interval, lambda: _prune(settings, older_than, heads))
+        # One relay of the outbox prunes; the others stand by and take over if it goes.
+        services.append(Elected(prune, settings.dsn, settings.names, duty="prune"))
+    return services
+
+
+def _metrics_services(
+    settings: RelaySettings,
+    operate: Operations,
+    pool: AsyncConnectionPool[Any],
+    destinations: Destinations,
+    shared: Shared,
+    metrics: Any,
+) -> list[Service]:
+    """The metrics and health endpoint (bound at start: a port that cannot be bound refuses
+    the start), and the gauges it serves, read from the table every GAUGE_REFRESH_S."""
+    from relay.httpd import all_ready, pool_check, serve
+
+    port = operate.metrics_port
+    assert port is not None
+    server: list[asyncio.Server] = []
+
+    async def broker_ready() -> tuple[bool, str]:
+        reason = not_ready(shared.breaker, destinations)
+        if reason is not None:
+            return False, reason
+        return True, "broker and destinations accepting messages"
+
+    async def bind() -> None:
+        ready_check = all_ready(pool_check(pool, settings.names), broker_ready)
+        server.append(await serve(port, metrics.registry, ready_check, host=operate.metrics_host))
+        log.info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", operate.metrics_host, port)
+
+    async def unbind() -> None:
+        for s in server:
+            s.close()
+            await s.wait_closed()
+
+    return [
+        Duty("metrics endpoint", _until_stopped, opening=bind, closing=unbind),
+        Every("gauge refresh", timedelta(seconds=GAUGE_REFRESH_S), lambda: _refresh_gauges(metrics, pool, settings)),
+    ]
+
+
+async def _until_stopped(stop: asyncio.Event) -> None:
+    await stop.wait()
 
 
 async def _refresh_gauges(metrics: Any, pool: AsyncConnectionPool[Any], settings: RelaySettings) -> None:
@@ -436,81 +444,3 @@ async def _prune(settings: RelaySettings, older_than: timedelta, heads_idle_for:
         result.batches,
         "" if result.heads is None else f", and forgot {result.heads.forgotten} idle aggregates' counters",
     )
-
-
-async def _every(stop: asyncio.Event, seconds: float, what: str, job: Callable[[], Awaitable[None]]) -> None:
-    """Run ``job`` now and then every ``seconds`` until ``stop``; a failure is logged, not fatal."""
-    while not stop.is_set():
-        try:
-            await job()
-        except (psycopg.Error, DatabaseUnavailable, OSError) as exc:
-            # first_line: an exception with an empty message has no first line to index.
-            log.warning("%s failed, trying again in %.0fs: %s", what, seconds, first_line(exc))
-        await sleep_unless_stopped(stop, seconds)
-
-
-# A cancelled run gives the workers this long (or --shutdown-grace, if shorter) to end on
-# their own before it cancels them: a claim or a finalize in progress takes milliseconds,
-# and cut short it would leave its rows leased (a claim whose answer was lost) or a
-# published batch unrecorded until the lease runs out. A publish still running after it
-# is cancelled, and its rows handed back. A cancel means "now": a second, not the grace.
-CANCEL_GRACE = timedelta(seconds=1)
-
-
-async def _supervise(tasks: Sequence[asyncio.Task[None]], stop: asyncio.Event, grace: timedelta) -> None:
-    """Wait for the workers; once ``stop`` is set or one of them fails, give them
-    ``grace`` to finish the batch in hand, then cancel the rest (their rows go back, attempt
-    refunded) and raise a worker's error, if there was one.
-
-    Cancelled itself, it stops at once: ``stop`` is set and the workers get
-    :data:`CANCEL_GRACE` at most. Either way it returns only once every worker has ended,
-    however often it is cancelled meanwhile (the pool and the broker connection are closed
-    next, and a worker still writing its rows back would find them gone); then the
-    CancelledError goes on."""
-    stopping = asyncio.create_task(stop.wait())
-    cancel: asyncio.CancelledError | None = None
-    failed: list[BaseException] = []
-    try:
-        try:
-            done, _ = await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
-            failed = [e for t in done if t is not stopping and not t.cancelled() and (e := t.exception()) is not None]
-        except asyncio.CancelledError as exc:
-            cancel = exc
-        stop.set()
-        if cancel is not None:
-            grace = min(grace, CANCEL_GRACE)
-            log.info("cancelled: stopping, the batches in hand get %gs", grace.total_seconds())
-        elif not failed:
-            log.info("stopping: finishing the batches in hand (grace %gs)", grace.total_seconds())
-        try:
-            _, pending = await asyncio.wait(tasks, timeout=grace.total_seconds())
-        except asyncio.CancelledError as exc:  # cancelled during the grace: that was long enough
-            cancel = cancel or exc
-            pending = {t for t in tasks if not t.done()}
-        for task in pending:
-            # Each worker is cancelled once: a second cancel would interrupt the shielded
-            # write with which it hands its rows back, and leave that write running alone.
-            if not task.cancelling():
-                task.cancel()
-        if pending:
-            log.warning("grace period over: abandoned %d in-flight batches", len(pending))
-            cancel = await _wait_for_all(pending) or cancel
-        if cancel is not None:
-            raise cancel
-        if failed:
-            raise failed[0]
-    finally:
-        stopping.cancel()
-        await asyncio.gather(stopping, return_exceptions=True)
-
-
-async def _wait_for_all(tasks: Collection[asyncio.Task[None]]) -> asyncio.CancelledError | None:
-    """Wait until every one of ``tasks`` has ended, however often the caller is cancelled
-    meanwhile; the last such cancel, for the caller to raise once they have."""
-    cancel: asyncio.CancelledError | None = None
-    while not all(t.done() for t in tasks):
-        try:
-            await asyncio.wait(tasks)
-        except asyncio.CancelledError as exc:
-            cancel = exc
-    return cancel

@@ -150,6 +150,22 @@ class NoMetrics:
         pass
 
 
+@dataclass
+class Shared:
+    """What the workers of one process share: one circuit breaker (the broker refusing a
+    whole batch stops every worker's claims), one oversize turn (one message over
+    ``batch_bytes`` in flight), one publish turn (a batch that failed as a whole is
+    published apart while nothing else publishes), the metrics, the tracing, and the
+    process's presence row (only when it LISTENs). A worker made without one gets its own."""
+
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    metrics: MetricsSink | None = None
+    oversize: OversizeTurn = field(default_factory=OversizeTurn)
+    turns: PublishTurns = field(default_factory=PublishTurns)
+    tracing: Tracing | None = None
+    presence: Presence | None = None
+
+
 class Worker:
     """One dispatch loop. Several run side by side in a process, and several processes on
     several machines; they coordinate only through the outbox table."""
@@ -162,30 +178,23 @@ class Worker:
         owner: str,
         config: WorkerConfig,
         wakeup: asyncio.Event | None = None,
-        breaker: CircuitBreaker | None = None,
-        metrics: MetricsSink | None = None,
-        oversize: OversizeTurn | None = None,
-        presence: Presence | None = None,
-        tracing: Tracing | None = None,
-        turns: PublishTurns | None = None,
+        shared: Shared | None = None,
     ) -> None:
-        """``presence``: the process's row that tells producers whether to wake it (only
-        when the process LISTENs); without one the worker just polls between wake-ups.
-        ``tracing``: spans per claim and per message (relay.tracing); off by default."""
+        """``wakeup``: set when a producer's NOTIFY (or the process) says rows wait; the
+        worker otherwise polls every ``config.poll_interval``. ``shared``: what the
+        process's workers share (:class:`Shared`)."""
+        shared = shared or Shared()
         self.store = store
         self.publisher = publisher
         self.owner = owner
         self.config = config
         self.wakeup = wakeup or asyncio.Event()
-        self.breaker = breaker or CircuitBreaker()
-        self.metrics: MetricsSink = metrics or NoMetrics()
-        # Shared by the workers of a process (relay.runner); one of its own otherwise.
-        self.oversize = oversize or OversizeTurn()
-        self.presence = presence
-        self.tracing = tracing or NO_TRACING
-        # Shared by the workers of a process (relay.runner): a batch that failed as a whole
-        # is published apart while nothing else publishes (relay.isolation).
-        self.turns = turns or PublishTurns()
+        self.breaker = shared.breaker
+        self.metrics: MetricsSink = shared.metrics or NoMetrics()
+        self.oversize = shared.oversize
+        self.presence = shared.presence
+        self.tracing = shared.tracing or NO_TRACING
+        self.turns = shared.turns
         self.stats = WorkerStats()
         self._ordered_first = True
         self._last_housekeeping = float("-inf")

@@ -375,3 +375,11 @@ UPDATE {outbox} AS o
    AND o.status = 'processing'
    AND o.lease_version = f.version
 RETURNING o.id;
+
+-- leader_take --
+-- Become the one relay of this outbox that runs a duty only one should (the scheduled prune): a session-level advisory lock on the duty and the outbox, held on a connection of its own for as long as that lives; false while another relay holds it. Keys from hashtext: a collision with another lock of the cluster only makes one of the two wait.
+SELECT pg_try_advisory_lock(hashtext('outbox-relay ' || %(duty)s), hashtext(%(outbox)s));
+
+-- leader_check --
+-- The leader's connection answers (and so its lock is still held).
+SELECT 1;

@@ -28,7 +28,7 @@ from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.oversize import OversizeTurn
 from relay.sizes import format_size, parse_size
-from relay.worker import Worker, WorkerConfig
+from relay.worker import Shared, Worker, WorkerConfig
 from tests.conftest import Db
 from tests.rabbitmq_broker import Rabbit
 from tests.relay_process import RelayProcess, relay_env, run_relay
@@ -150,7 +150,8 @@ async def test_the_workers_of_a_process_hold_one_message_over_the_budget_at_a_ti
     budget = 64 * 1024
     broker, turn, stop = InFlight(budget), OversizeTurn(), asyncio.Event()
     config = WorkerConfig(batch_size=5, batch_bytes=budget, poll_interval=timedelta(milliseconds=20))
-    workers = [Worker(store=store, publisher=broker, owner=f"w{i}", config=config, oversize=turn) for i in range(4)]
+    shared = Shared(oversize=turn)
+    workers = [Worker(store=store, publisher=broker, owner=f"w{i}", config=config, shared=shared) for i in range(4)]
     tasks = [asyncio.create_task(w.run(stop)) for w in workers]
     try:
         async with asyncio.timeout(30):

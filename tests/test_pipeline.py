@@ -27,7 +27,7 @@ from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.breaker import CircuitBreaker
 from relay.db.dispatch import OutboxStore
 from relay.db.names import OutboxNames
-from relay.worker import RELEASED_BROKER_REFUSED, Worker, WorkerConfig
+from relay.worker import RELEASED_BROKER_REFUSED, Shared, Worker, WorkerConfig
 from tests.conftest import Db
 from tests.deliveries import ORDERED, check_deliveries, read_queue, store_fleet_ordering
 from tests.helpers import make_worker
@@ -266,7 +266,7 @@ async def test_no_prefetch_while_the_broker_refuses_and_the_batch_ahead_goes_bac
     ids = db.insert([(f"a{i}", "E", {}) for i in range(30)])
     publisher = InMemoryPublisher(script=lambda m: BrokerUnavailable("broker down"), delay=0.3)
     config = WorkerConfig(batch_size=5, poll_interval=timedelta(milliseconds=20))
-    worker = Worker(store=store, publisher=publisher, owner="w", config=config, breaker=CircuitBreaker())
+    worker = Worker(store=store, publisher=publisher, owner="w", config=config, shared=Shared(breaker=CircuitBreaker()))
     most_leased_while_open = 0
 
     def probes_ran() -> bool:

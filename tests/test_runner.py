@@ -11,8 +11,8 @@ import pytest
 
 from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.db.names import OutboxNames
-from relay.runner import _every as runner_every
 from relay.runner import run_relay
+from relay.services import Every
 from tests.conftest import Db
 from tests.helpers import settings_for
 from tests.relay_process import wait_until_async
@@ -113,6 +113,33 @@ async def test_start_serves_metrics_and_health_and_prunes_on_schedule(
         await task
 
 
+async def test_of_two_relays_with_a_scheduled_prune_one_prunes(
+    relay_dsn: str, names: OutboxNames, db: Db, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scheduled prune is a duty for one relay of the outbox: both are configured with
+    it, one is elected and prunes, the other stands by."""
+    from relay.runner import Operations
+
+    db.insert((f"agg-{i}", "OrderPlaced", {}) for i in range(10))
+    caplog.set_level(logging.INFO, logger="relay.services")
+    operate = Operations(prune_older_than=timedelta(0), prune_interval=timedelta(milliseconds=200))
+    stop = asyncio.Event()
+    runs = [
+        asyncio.create_task(
+            run_relay(settings_for(relay_dsn, names, workers=1), InMemoryPublisher(), stop, operate=operate)
+        )
+        for _ in range(2)
+    ]
+    try:
+        assert await wait_until_async(lambda: db.rows() == [], timeout=15)
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("leads for" in m for m in messages) == 1, messages
+        assert sum("stands by" in m for m in messages) == 1, messages
+    finally:
+        stop.set()
+        await asyncio.gather(*runs)
+
+
 async def test_a_scheduled_job_whose_error_has_no_message_is_logged_and_runs_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -128,7 +155,7 @@ async def test_a_scheduled_job_whose_error_has_no_message_is_logged_and_runs_aga
             stop.set()
         raise OSError()
 
-    caplog.set_level(logging.WARNING, logger="relay.runner")
-    await asyncio.wait_for(runner_every(stop, 0.01, "scheduled prune", job), timeout=5)
+    caplog.set_level(logging.WARNING, logger="relay.services")
+    await asyncio.wait_for(Every("scheduled prune", timedelta(milliseconds=10), job).run(stop), timeout=5)
     assert calls == 3
     assert caplog.text.count("scheduled prune failed, trying again in 0s: OSError") == 3
