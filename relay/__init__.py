@@ -8,7 +8,9 @@ The public API, and the only names with a promise (everything else is private):
   :class:`ConnectionShared` and the ``received_from_*`` helpers; :class:`Consumer` runs
   them for each destination, a message per pooled connection, acknowledged after commit
   (:class:`Verdict`, :class:`WebhookRejected`);
-* running the relay in the application's own event loop: :class:`Relay`;
+* running the relay in the application's own event loop: :class:`Relay`, its settings
+  typed by :class:`RelayOptions`; replaying history from Python: :class:`Replay` of a
+  :class:`Selection` (:class:`ReplayOptions`);
 * the failure classes a publisher sorts outcomes into, and :class:`OutboxMessage`.
 """
 
@@ -36,19 +38,30 @@ from relay.inbox import (
     received_from_sqs,
 )
 from relay.message import OutboxMessage
+from relay.options_typed import RelayOptions, ReplayOptions
 from relay.writer import Event, Outbox, to_json
 
 if TYPE_CHECKING:
     from relay.embed import Relay
+    from relay.replay import Selection
+    from relay.replay_run import Replay
 
 
 def __getattr__(name: str) -> Any:
-    # Relay wires the core to the broker adapters: imported when asked for, so that a
-    # producer that only writes events never loads them.
+    # Relay and Replay wire the core to the broker adapters: imported when asked for, so
+    # that a producer that only writes events never loads them.
     if name == "Relay":
         from relay.embed import Relay
 
         return Relay
+    if name == "Replay":
+        from relay.replay_run import Replay
+
+        return Replay
+    if name == "Selection":
+        from relay.replay import Selection
+
+        return Selection
     raise AttributeError(f"module 'relay' has no attribute {name!r}")
 
 
@@ -68,7 +81,11 @@ __all__ = [
     "PermanentError",
     "Received",
     "Relay",
+    "RelayOptions",
+    "Replay",
+    "ReplayOptions",
     "RetryableError",
+    "Selection",
     "Verdict",
     "WebhookRejected",
     "received_from_aio_pika",

@@ -282,8 +282,7 @@ class RelaySettings:
     @classmethod
     def from_values(cls, v: Mapping[str, Any]) -> RelaySettings:
         dsn = require_dsn(v)
-        if not v.get("broker"):
-            raise ConfigError(f"no broker chosen: pass --broker ({', '.join(BROKERS)}) or set RELAY_BROKER")
+        broker = require_broker(v)
         lease: timedelta = v["lease"]
         publish_timeout: timedelta = v["publish_timeout"]
         if lease <= timedelta(0):
@@ -315,7 +314,7 @@ class RelaySettings:
         return cls(
             dsn=dsn,
             names=names_from(v),
-            broker=v["broker"],
+            broker=broker,
             workers=v["workers"],
             worker=worker,
             ordering=ordering,
@@ -363,6 +362,13 @@ def session_limits(v: Mapping[str, Any]) -> SessionLimits:
         statement_timeout=default.statement_timeout if statement is None else statement,
         idle_in_transaction_timeout=default.idle_in_transaction_timeout if idle is None else idle,
     )
+
+
+def require_broker(v: Mapping[str, Any]) -> str:
+    broker = v.get("broker")
+    if not broker:
+        raise ConfigError(f"no broker chosen: pass --broker ({', '.join(BROKERS)}) or set RELAY_BROKER")
+    return str(broker)
 
 
 def require_dsn(v: Mapping[str, Any]) -> str:

@@ -36,68 +36,43 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
-from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import Unpack
 
-from relay.config import RelaySettings
+from relay.compose import compose_start
 from relay.dsn import mask
-from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
-from relay.options import check_file_keys, did_you_mean, load_file, resolve, unknown_variables
-from relay.shared_settings import Given, given_settings
-from relay.tracing import Tracing, tracing_for
-from relay.wiring import START_ALL, VARIABLES, publisher_for, refuse_other_destinations
+from relay.errors import ConfigError, DatabaseUnavailable, first_line
+from relay.options_typed import RelayOptions
+from relay.shared_settings import Given
+from relay.tracing import Tracing
 
 __all__ = ["Relay"]
 
 log = logging.getLogger("relay.embed")
-
-_KNOWN = {o.dest: o for o in START_ALL}
-
-
-def _raw(name: str, value: Any) -> Any:
-    """A Python value as the option parser takes it (what a command line or TOML gives)."""
-    if isinstance(value, timedelta):
-        return f"{value.total_seconds()}s"
-    if isinstance(value, list):
-        return tuple(value)
-    return value
 
 
 class Relay:
     """Runs `relay start`'s workers in the running event loop.
 
     :param settings: `relay start`'s options by their flag's name (``dsn``, ``broker``,
-        ``workers``, ``exchange``, ``queue_url``, ...); ``log_level`` and ``log_format``
-        are not applied (the application configures logging).
+        ``workers``, ``exchange``, ``queue_url``, ...), typed by
+        :class:`relay.options_typed.RelayOptions`; ``log_level`` and ``log_format`` are not
+        applied (the application configures logging).
     :param environ: read RELAY_* variables from this mapping (``os.environ``), below the
         settings given here; none by default.
     :param config: a TOML config file, below both.
     """
 
-    def __init__(self, *, environ: Mapping[str, str] | None = None, config: str | None = None, **settings: Any) -> None:
-        unknown = sorted(set(settings) - set(_KNOWN))
-        if unknown:
-            raise ConfigError(
-                f"unknown relay setting {shown(unknown[0])}{did_you_mean(unknown[0], _KNOWN)}:"
-                " the settings are `relay start`'s options, named without the dashes"
-            )
-        given = {name: _raw(name, value) for name, value in settings.items() if value is not None}
-        file = load_file(config)
-        if config:
-            check_file_keys(file, START_ALL, config)
-        env = dict(environ or {})
-        self.values = resolve(START_ALL, given, file, env)
-        checked = RelaySettings.from_values(self.values)
-        refuse_other_destinations(checked.broker, given, env)
-        # Logged when the relay starts, beside the other warnings of its settings.
-        misspelt = tuple(unknown_variables(env, VARIABLES))
-        self.settings = replace(checked, warnings=misspelt + checked.warnings) if misspelt else checked
-        self._given: tuple[Given, ...] = given_settings(self.values, given, file, env)
-        # Made here, so that a bad route or broker setting is refused before anything runs.
-        self._publisher = publisher_for(self.settings.broker, self.values, self.settings.publish_limits)
-        self._tracing: Tracing = tracing_for(self.values, max_envelope_fields=_max_fields(self.settings.broker))
+    def __init__(
+        self, *, environ: Mapping[str, str] | None = None, config: str | None = None, **settings: Unpack[RelayOptions]
+    ) -> None:
+        parts = compose_start(settings, environ=environ, config=config)
+        self.settings = parts.settings
+        self.operations = parts.operations
+        self.log = parts.log
+        self._given: tuple[Given, ...] = parts.given
+        self._publisher = parts.publisher
+        self._tracing: Tracing = parts.tracing
         self._ran = False
         self._stop = asyncio.Event()
         # Set by the run once it is connected and checked (relay.runner.run_relay).
@@ -108,7 +83,7 @@ class Relay:
         """Deliver until :meth:`stop`; raises what stopped the relay otherwise. Once per
         Relay (its broker connection is closed when it returns). Cancelling the task that
         runs it stops the relay at once and cleanly (see the module's docstring)."""
-        from relay.runner import Operations, run_relay
+        from relay.runner import run_relay
 
         if self._ran:
             raise RuntimeError("a Relay runs once; make a new one")
@@ -118,7 +93,7 @@ class Relay:
                 self.settings,
                 self._publisher,
                 self._stop,
-                operate=Operations.from_values(self.values),
+                operate=self.operations,
                 given=self._given,
                 tracing=self._tracing,
                 ready=self._ready,
@@ -210,9 +185,3 @@ def _log_failure(task: asyncio.Task[None]) -> None:
         mask(first_line(error)) if expected else f"{type(error).__name__}: {mask(first_line(error))}",
         exc_info=None if expected else error,
     )
-
-
-def _max_fields(broker: str) -> int | None:
-    from relay.adapters.registry import max_envelope_fields
-
-    return max_envelope_fields(broker)

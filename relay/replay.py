@@ -102,6 +102,8 @@ class Selection:
     excluded: tuple[int, ...] = ()  # ids never replayed (--exclude), whatever else selects them
 
     def check(self) -> Selection:
+        """This selection, or :class:`relay.ConfigError` (one line) for one that selects
+        nothing at all, or a range that is empty or malformed."""
         if not (
             self.from_id is not None
             or self.to_id is not None
@@ -134,6 +136,7 @@ class Selection:
         return ["delivered", *(["skipped"] if self.include_skipped else []), *(["dead"] if self.include_dead else [])]
 
     def params(self) -> dict[str, Any]:
+        """The plan statement's parameters for this selection."""
         names, patterns = names_and_patterns(self.event_types)
         return {
             "from_id": 0 if self.from_id is None else self.from_id,

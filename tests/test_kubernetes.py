@@ -135,11 +135,11 @@ def test_the_relays_configuration_is_what_relay_start_accepts() -> None:
     settings = relay.settings
 
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports["metrics"] == relay.values["metrics_port"]
+    assert ports["metrics"] == relay.operations.metrics_port
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert int(annotations["prometheus.io/port"]) == relay.values["metrics_port"]
+    assert int(annotations["prometheus.io/port"]) == relay.operations.metrics_port
     assert annotations["prometheus.io/path"] == "/metrics"
     # SIGTERM, then the shutdown grace, then the outcomes recorded and the rest handed back.
     needed = settings.shutdown_grace + lease_margin(settings.worker.lease)

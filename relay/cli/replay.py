@@ -17,35 +17,16 @@ import signal
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 import click
 
-from relay.adapters.registry import max_envelope_fields
-from relay.backoff import Backoff
-from relay.cli.common import (
-    BROKER_OPTIONS,
-    check_text,
-    configure_logging,
-    publisher_for,
-    run,
-    settings_for,
-    with_options,
-)
-from relay.config import (
-    CORE_OPTIONS,
-    LOG_OPTIONS,
-    OTEL_OPTION,
-    START_OPTIONS,
-    names_from,
-    require_dsn,
-    session_limits,
-)
-from relay.contract import BROKERS, DestinationCheck, PublishLimits, check_destinations
-from relay.db.replay import LeftOut, PlanSummary, ReplayPlan
-from relay.db.session import check_schema, configure_session, connect
+from relay import logs
+from relay.cli.common import check_text, run, with_options
+from relay.compose import REPLAY_OPTIONS
+from relay.contract import DestinationCheck
+from relay.db.replay import PlanSummary
 from relay.dsn import mask
 from relay.durations import format_duration, parse_moment
 from relay.errors import ConfigError, shown
@@ -53,44 +34,15 @@ from relay.ids import parse_id_list, parse_outbox_id
 from relay.replay import (
     MAX_EXCLUDED,
     MAX_ID,
-    Replayer,
-    ReplayLimits,
     ReplayReport,
     Selection,
-    check_run_id,
     count_of,
-    new_run_id,
     summary_line,
 )
-from relay.routes import DEFAULT_DESTINATION, ROUTES_OPTION, destination_namer
-from relay.tracing import tracing_for
-from relay.wiring import refuse_other_destinations
+from relay.replay_run import Replay, left_out_line
 
 log = logging.getLogger("relay.replay")
 
-# The settings of `relay start` that a replay takes too (the same names, environment
-# variables and config-file keys), with what each means here.
-_SHARED = {
-    "broker": None,
-    "workers": "Batches published at once (of different aggregates).",
-    "batch_size": "Messages one publish sends at most.",
-    "batch_bytes": "Payload bytes one publish sends at most (512KiB, 4MiB, 10MB or bytes); a larger one goes alone.",
-    "publish_timeout": None,
-    "max_attempts": "Tries a message gets after retryable failures before it is reported as not replayed.",
-    "backoff_base": None,
-    "backoff_cap": None,
-    "statement_timeout": "PostgreSQL cancels a statement of the replay's session that runs longer (0s: off);"
-    " the plan, taken once at the start, has no limit of its own.",
-    "idle_in_transaction_timeout": None,
-}
-REPLAY_OPTIONS = (
-    *CORE_OPTIONS,
-    *(replace(o, help=_SHARED[o.dest] or o.help) for o in START_OPTIONS if o.dest in _SHARED),
-    ROUTES_OPTION,
-    OTEL_OPTION,
-    *LOG_OPTIONS,
-    *BROKER_OPTIONS,
-)
 # Without a terminal, one log line per this many messages settled.
 LOG_EVERY = 10_000
 MAX_RATE = 1_000_000.0
@@ -189,90 +141,43 @@ def replay_cmd(
         include_skipped=include_skipped,
         excluded=tuple(parse_id_list(exclude_lists, "--exclude", MAX_EXCLUDED)),
     ).check()
-    run_id = check_run_id(run_id.strip()) if run_id is not None else new_run_id(now)
     per_second = _rate(rate)
-    values = settings_for(REPLAY_OPTIONS, cli_values)
-    configure_logging(values)
-    dsn, names = require_dsn(values), names_from(values)
-    broker = values.get("broker")
-    if not broker:
-        raise ConfigError(f"no broker chosen: pass --broker ({', '.join(BROKERS)}) or set RELAY_BROKER")
-    refuse_other_destinations(broker, cli_values, os.environ)
-    if to_destination is not None:
-        values = _only_to(values, broker, to_destination)
-    limits = ReplayLimits(
-        workers=values["workers"],
-        batch_size=values["batch_size"],
-        batch_bytes=values["batch_bytes"],
-        publish_timeout=values["publish_timeout"],
-        max_attempts=values["max_attempts"],
-        backoff=Backoff(base=values["backoff_base"], cap=values["backoff_cap"]),
+    config_path = cli_values.pop("config_path", None)
+    replay = Replay(
+        selection,
+        run_id=run_id,
+        to=to_destination,
         rate=per_second,
+        skip_failed=skip_failed,
+        environ=os.environ,
+        config=config_path,
+        **cli_values,
     )
-    # Built before anything is read, so that broker options no run could use fail first.
-    publisher = publisher_for(
-        broker,
-        values,
-        PublishLimits(publish_timeout=limits.publish_timeout, workers=limits.workers, batch_size=limits.batch_size),
-    )
-    # OpenTelemetry is imported here or never (relay.tracing's no-op without --otel).
-    tracing = tracing_for(values, max_envelope_fields=max_envelope_fields(broker))
-    where = _destinations(values)
-    resume = _Resume(selection, run_id, rate, to_destination, skip_failed)
+    logs.configure(replay.parts.log.level, replay.parts.log.format)  # its warnings are logged when it starts
+    resume = _Resume(selection, replay.run_id, rate, to_destination, skip_failed)
 
-    async def replay() -> int:
-        conn = await connect(dsn, application_name="outbox-relay replay")
-        async with conn:
-            await configure_session(conn, session_limits(values))
-            await check_schema(conn, names)
-            plan = ReplayPlan(conn, names)
-            summary = await plan.take(selection)
-            if not summary.count:
-                left_out = left_out_line(summary.left_out)
-                raise ConfigError(
-                    "no finished message matches the selection: nothing to replay"
-                    + (f" ({left_out})" if left_out else "")
-                )
+    async def run_replay() -> int:
+        async with replay:
+            summary = replay.summary
             if dry_run:
-                _print_dry_run(summary, where, run_id)
-                await publisher.start()
-                try:
-                    checks = await check_destinations(publisher)
-                finally:
-                    await publisher.close()
+                _print_dry_run(summary, replay.where, replay.run_id)
+                checks = await replay.check_destinations()
                 for line in _check_lines(checks):
                     click.echo(line)
                 return EXIT_BAD_INPUT if _absent(checks) else 0
-            await publisher.start()
-            try:
-                # A destination that is not there would make the replay wait for it for
-                # ever (an outage spends nothing): a mistyped --to is refused before any send.
-                absent = _absent(await check_destinations(publisher))
-                if absent:
-                    more = f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""
-                    raise ConfigError(
-                        f"cannot replay to {absent[0].describe()}{more}; nothing was published"
-                        " (create it, or correct --to, the routes or the routing key)"
-                    )
-                click.echo(f"replay {run_id}: {summary_line(summary)}, to {where}", err=True)
-                if summary.left_out.total:
-                    click.echo(f"replay {run_id}: {left_out_line(summary.left_out)}", err=True)
-                stop = asyncio.Event()
-                _on_interrupt(stop)
-                progress = _Progress(sys.stderr, summary.count)
-                replayer = Replayer(
-                    plan, publisher, run_id, limits, progress=progress, tracing=tracing, skip_failed=skip_failed
-                )
-                report = await replayer.run(summary.count, stop, first_id=summary.first_id)
-            finally:
-                await publisher.close()
-            progress.close()
-            return _finish(report, resume, summary)
+            await replay.require_destinations()
+            click.echo(f"replay {replay.run_id}: {summary_line(summary)}, to {replay.where}", err=True)
+            left_out = left_out_line(summary)
+            if left_out:
+                click.echo(f"replay {replay.run_id}: {left_out}", err=True)
+            stop = asyncio.Event()
+            _on_interrupt(stop)
+            progress = _Progress(sys.stderr, summary.count)
+            report = await replay.run(stop, progress=progress)
+        progress.close()
+        return _finish(report, resume, summary)
 
-    try:
-        code = run(replay)
-    finally:
-        tracing.shutdown()  # the spans still buffered reach the collector
+    code = run(run_replay)
     if code:
         sys.exit(code)
 
@@ -292,34 +197,10 @@ def _rate(text: str | None) -> float | None:
     return float(digits) / per
 
 
-def _only_to(values: dict[str, Any], broker: str, destination: str) -> dict[str, Any]:
-    """``values`` with every message going to ``destination``: the broker's default
-    destination set to it and the routes dropped."""
-    key = DEFAULT_DESTINATION.get(broker)
-    if key is None:
-        raise ConfigError(f"--to: --broker {broker} has no destinations to choose from")
-    if key != "exchange" and not destination.strip():
-        raise ConfigError("invalid --to: must not be empty")
-    return {**values, key: destination if key == "exchange" else destination.strip(), "route": ()}
-
-
-def _destinations(values: dict[str, Any]) -> str:
-    """Where the messages go, in words, for the first line."""
-    namer = destination_namer(values)
-    if namer is None:  # pragma: no cover - a broker is always set here
-        return "?"
-    routes = values.get("route") or ()
-    broker = values["broker"]
-    default = namer("\x00 no route takes this")  # an event type no route matches
-    if not routes:
-        return f"{broker} {default}"
-    return f"{broker} routes ({len(routes)}) and {default} for the rest"
-
-
 def _print_dry_run(summary: PlanSummary, where: str, run_id: str) -> None:
     click.echo(f"would replay {summary_line(summary)}")
     if summary.left_out.total:
-        click.echo(left_out_line(summary.left_out))
+        click.echo(left_out_line(summary))
     click.echo(f"to {where}, with header replay={run_id}")
     click.echo("dry run: nothing was published")
 
@@ -336,18 +217,6 @@ def _check_lines(checks: Sequence[DestinationCheck] | None) -> list[str]:
     if _absent(checks):
         lines.append("a replay now would wait for the destinations that are not there: create them first")
     return lines
-
-
-def left_out_line(left: LeftOut) -> str:
-    """What the selection took and the plan leaves out, and how to have it: '' for nothing."""
-    parts = []
-    if left.skipped:
-        parts.append(f"{count_of(left.skipped, 'message')} an operator skipped (--include-skipped replays them)")
-    if left.dead:
-        parts.append(f"{count_of(left.dead, 'dead message')} (--include-dead replays them)")
-    if left.excluded:
-        parts.append(f"{count_of(left.excluded, 'message')} named by --exclude")
-    return "left out: " + "; ".join(parts) if parts else ""
 
 
 class _Resume:
@@ -435,7 +304,7 @@ def _finish(report: ReplayReport, resume: _Resume, summary: PlanSummary) -> int:
         f" ({rate:,.0f} msg/s); the outbox was not changed"
     )
     if summary.left_out.total:
-        click.echo(left_out_line(summary.left_out))
+        click.echo(left_out_line(summary))
     if report.gone:
         click.echo(f"{count_of(report.gone, 'selected message')} pruned, re-driven or skipped meanwhile, not replayed")
     failed_ids = [i for i, _ in report.failed]

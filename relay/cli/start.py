@@ -25,7 +25,7 @@ def start_cmd(**cli_values: Any) -> None:
     # The same entry point an application embeds (relay.Relay): the same options, the same
     # validation; the command adds the environment, the config file, logging and signals.
     relay = Relay(environ=os.environ, config=config_path, **{k: v for k, v in cli_values.items() if v != ()})
-    logs.configure(relay.values["log_level"], relay.values["log_format"])
+    logs.configure(relay.log.level, relay.log.format)
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

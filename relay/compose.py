@@ -1,0 +1,245 @@
+"""The composition root: where settings enter, and the parts of a run are built from them.
+
+Every entry point comes through here: `relay start` and :class:`relay.Relay`
+(:func:`compose_start`), `relay replay` and :class:`relay.Replay`
+(:func:`compose_replay`). Each takes what its caller was given (flags, or Python
+keyword arguments), the ``RELAY_*`` variables and a config file, resolves them once with
+the option engine (:mod:`relay.options`; flag over variable over file over default), and
+returns frozen, typed parts: the core's settings, the destination's publisher (whose own
+settings its adapter checked and typed), tracing, the operations run beside the workers,
+logging. The dictionary of resolved values never leaves this module and the
+``from_values`` constructors it calls; nothing below reads a setting by its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from relay.backoff import Backoff
+from relay.config import (
+    CORE_OPTIONS,
+    LOG_OPTIONS,
+    OTEL_OPTION,
+    START_OPTIONS,
+    RelaySettings,
+    names_from,
+    require_broker,
+    require_dsn,
+    session_limits,
+)
+from relay.contract import Publisher, PublishLimits
+from relay.db.names import OutboxNames
+from relay.db.session import SessionLimits
+from relay.errors import ConfigError, shown
+from relay.options import Option, check_file_keys, did_you_mean, load_file, resolve, unknown_variables
+from relay.replay import ReplayLimits
+from relay.routes import DEFAULT_DESTINATION, ROUTES_OPTION, destination_namer
+from relay.runner import Operations
+from relay.shared_settings import Given, given_settings
+from relay.tracing import Tracing, tracing_for
+from relay.wiring import BROKER_OPTIONS, START_ALL, VARIABLES, publisher_for, refuse_other_destinations
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """``--log-level`` and ``--log-format`` (applied by the commands; an embedding
+    application configures its own logging)."""
+
+    level: str = "info"
+    format: str = "text"
+
+
+@dataclass(frozen=True)
+class StartParts:
+    """Everything a relay run is built of, checked: `relay start` and relay.Relay."""
+
+    settings: RelaySettings
+    operations: Operations
+    log: LogSettings
+    publisher: Publisher
+    tracing: Tracing
+    # The shared settings this run's configuration named explicitly (warned about where
+    # the stored ones disagree).
+    given: tuple[Given, ...]
+
+
+def compose_start(
+    given: Mapping[str, Any], *, environ: Mapping[str, str] | None = None, config: str | None = None
+) -> StartParts:
+    """The parts of a relay run from ``given`` (option values by their ``dest``: parsed
+    flags, or Python values), ``environ`` and the config file ``config``.
+    :class:`relay.ConfigError`, one line naming the option, for anything wrong, before
+    anything connects."""
+    entered = _enter(START_ALL, given, environ, config, "relay setting", "`relay start`'s options")
+    v = entered.values
+    checked = RelaySettings.from_values(v)
+    refuse_other_destinations(checked.broker, entered.given, entered.environ)
+    # Logged when the relay starts, beside the other warnings of its settings.
+    misspelt = tuple(unknown_variables(entered.environ, VARIABLES))
+    settings = replace(checked, warnings=misspelt + checked.warnings) if misspelt else checked
+    return StartParts(
+        settings=settings,
+        operations=Operations.from_values(v),
+        log=LogSettings(level=v["log_level"], format=v["log_format"]),
+        # Made here, so that a bad route or broker setting is refused before anything runs.
+        publisher=publisher_for(settings.broker, v, settings.publish_limits),
+        tracing=_tracing(v, settings.broker),
+        given=given_settings(v, entered.given, entered.file, entered.environ),
+    )
+
+
+# The settings of `relay start` that a replay takes too (the same names, environment
+# variables and config-file keys), with what each means there.
+_REPLAY_MEANINGS = {
+    "broker": None,
+    "workers": "Batches published at once (of different aggregates).",
+    "batch_size": "Messages one publish sends at most.",
+    "batch_bytes": "Payload bytes one publish sends at most (512KiB, 4MiB, 10MB or bytes); a larger one goes alone.",
+    "publish_timeout": None,
+    "max_attempts": "Tries a message gets after retryable failures before it is reported as not replayed.",
+    "backoff_base": None,
+    "backoff_cap": None,
+    "statement_timeout": "PostgreSQL cancels a statement of the replay's session that runs longer (0s: off);"
+    " the plan, taken once at the start, has no limit of its own.",
+    "idle_in_transaction_timeout": None,
+}
+REPLAY_OPTIONS: tuple[Option, ...] = (
+    *CORE_OPTIONS,
+    *(replace(o, help=_REPLAY_MEANINGS[o.dest] or o.help) for o in START_OPTIONS if o.dest in _REPLAY_MEANINGS),
+    ROUTES_OPTION,
+    OTEL_OPTION,
+    *LOG_OPTIONS,
+    *BROKER_OPTIONS,
+)
+
+
+@dataclass(frozen=True)
+class ReplayParts:
+    """Everything a replay is built of, checked: `relay replay` and relay.Replay."""
+
+    dsn: str
+    names: OutboxNames
+    session: SessionLimits
+    limits: ReplayLimits
+    publisher: Publisher
+    tracing: Tracing
+    log: LogSettings
+    # Where the messages go, in words (the broker and its destinations or routes).
+    where: str
+    # Lines to log once as warnings (RELAY_* variables no setting reads).
+    warnings: tuple[str, ...] = ()
+
+
+def compose_replay(
+    given: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str] | None = None,
+    config: str | None = None,
+    to: str | None = None,
+    rate: float | None = None,
+) -> ReplayParts:
+    """The parts of a replay from ``given`` (as :func:`compose_start`), sending everything
+    to the destination ``to`` when given (routes ignored), at most ``rate`` messages a
+    second."""
+    entered = _enter(REPLAY_OPTIONS, given, environ, config, "replay setting", "`relay replay`'s options")
+    v = entered.values
+    dsn, names = require_dsn(v), names_from(v)
+    broker = require_broker(v)
+    refuse_other_destinations(broker, entered.given, entered.environ)
+    if to is not None:
+        v = _only_to(v, broker, to)
+    limits = ReplayLimits(
+        workers=v["workers"],
+        batch_size=v["batch_size"],
+        batch_bytes=v["batch_bytes"],
+        publish_timeout=v["publish_timeout"],
+        max_attempts=v["max_attempts"],
+        backoff=Backoff(base=v["backoff_base"], cap=v["backoff_cap"]),
+        rate=rate,
+    )
+    publish = PublishLimits(limits.publish_timeout, workers=limits.workers, batch_size=limits.batch_size)
+    return ReplayParts(
+        dsn=dsn,
+        names=names,
+        session=session_limits(v),
+        limits=limits,
+        # Built before anything is read, so that broker options no run could use fail first.
+        publisher=publisher_for(broker, v, publish),
+        tracing=_tracing(v, broker),
+        log=LogSettings(level=v["log_level"], format=v["log_format"]),
+        where=_where(v, broker),
+        warnings=tuple(unknown_variables(entered.environ, VARIABLES)),
+    )
+
+
+@dataclass(frozen=True)
+class _Entered:
+    values: dict[str, Any]  # every option's value, resolved and parsed
+    given: dict[str, Any]  # what the caller gave, as the parser takes it
+    file: dict[str, Any]
+    environ: dict[str, str]
+
+
+def _enter(
+    options: Sequence[Option],
+    given: Mapping[str, Any],
+    environ: Mapping[str, str] | None,
+    config: str | None,
+    what: str,
+    whose: str,
+) -> _Entered:
+    known = {o.dest: o for o in options}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown {what} {shown(unknown[0])}{did_you_mean(unknown[0], known)}:"
+            f" the settings are {whose}, named without the dashes"
+        )
+    raw = {name: _raw(value) for name, value in given.items() if value is not None and value != ()}
+    file = load_file(config)
+    if config:
+        check_file_keys(file, options, config)
+    env = dict(environ or {})
+    return _Entered(resolve(options, raw, file, env), raw, file, env)
+
+
+def _raw(value: Any) -> Any:
+    """A Python value as the option parser takes it (what a command line or TOML gives)."""
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds()}s"
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _tracing(values: Mapping[str, Any], broker: str) -> Tracing:
+    # OpenTelemetry is imported here or never (relay.tracing's no-op without --otel).
+    from relay.adapters.registry import max_envelope_fields
+
+    return tracing_for(values, max_envelope_fields=max_envelope_fields(broker))
+
+
+def _only_to(values: dict[str, Any], broker: str, destination: str) -> dict[str, Any]:
+    """``values`` with every message going to ``destination``: the broker's default
+    destination set to it and the routes dropped."""
+    key = DEFAULT_DESTINATION.get(broker)
+    if key is None:
+        raise ConfigError(f"--to: --broker {broker} has no destinations to choose from")
+    if key != "exchange" and not destination.strip():
+        raise ConfigError("invalid --to: must not be empty")
+    return {**values, key: destination if key == "exchange" else destination.strip(), "route": ()}
+
+
+def _where(values: Mapping[str, Any], broker: str) -> str:
+    """Where the messages go, in words, for a replay's first line."""
+    namer = destination_namer(values)
+    if namer is None:  # pragma: no cover - a broker is always set here
+        return "?"
+    routes = values.get("route") or ()
+    default = namer("\x00 no route takes this")  # an event type no route matches
+    if not routes:
+        return f"{broker} {default}"
+    return f"{broker} routes ({len(routes)}) and {default} for the rest"
