@@ -18,6 +18,9 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
 from relay.backoff import Backoff
 from relay.config import (
     CORE_OPTIONS,
@@ -32,7 +35,7 @@ from relay.config import (
 )
 from relay.contract import Publisher, PublishLimits
 from relay.db.names import OutboxNames
-from relay.db.session import SessionLimits
+from relay.db.session import SessionLimits, check_schema, configure_session, connect, open_pool
 from relay.errors import ConfigError, shown
 from relay.options import Option, check_file_keys, did_you_mean, load_file, resolve, unknown_variables
 from relay.replay import ReplayLimits
@@ -173,6 +176,30 @@ def compose_replay(
         where=_where(v, broker),
         warnings=tuple(unknown_variables(entered.environ, VARIABLES)),
     )
+
+
+async def checked_session(
+    dsn: str, names: OutboxNames, limits: SessionLimits, *, application_name: str
+) -> psycopg.AsyncConnection[Any]:
+    """A session of its own on the outbox's database, set up as the relay's own (its
+    limits, its text), the outbox's schema checked: what a replay runs in."""
+    conn = await connect(dsn, application_name=application_name)
+    try:
+        await configure_session(conn, limits)
+        await check_schema(conn, names)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
+
+
+async def checked_pool(dsn: str, names: OutboxNames, size: int) -> AsyncConnectionPool[Any]:
+    """A pool on the outbox's database once its schema is checked on a first connection:
+    what the console reads and acts through."""
+    probe = await connect(dsn)
+    async with probe:
+        await check_schema(probe, names)
+    return await open_pool(dsn, size)
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,9 @@ from typing import Any, Unpack
 
 import psycopg
 
-from relay.compose import ReplayParts, compose_replay
+from relay.compose import ReplayParts, checked_session, compose_replay
 from relay.contract import DestinationCheck, check_destinations
 from relay.db.replay import PlanSummary, ReplayPlan
-from relay.db.session import check_schema, configure_session, connect
 from relay.errors import ConfigError
 from relay.options_typed import ReplayOptions
 from relay.replay import Replayer, ReplayReport, Selection, check_run_id, count_of, new_run_id
@@ -95,14 +94,13 @@ class Replay:
     async def __aenter__(self) -> Replay:
         for line in self.parts.warnings:
             log.warning("%s", line)
+        p = self.parts
         try:
-            conn = await connect(self.parts.dsn, application_name="outbox-relay replay")
+            conn = await checked_session(p.dsn, p.names, p.session, application_name="outbox-relay replay")
         except BaseException:
-            self.parts.tracing.shutdown()
+            p.tracing.shutdown()
             raise
         try:
-            await configure_session(conn, self.parts.session)
-            await check_schema(conn, self.parts.names)
             plan = ReplayPlan(conn, self.parts.names)
             summary = await plan.take(self.selection)
             if not summary.count:

@@ -14,12 +14,12 @@ from typing import Any
 from aiohttp import web
 from psycopg_pool import AsyncConnectionPool
 
+from relay.compose import checked_pool
 from relay.console.app import Console, ConsoleConfig, make_app
 from relay.console.auth import Guard, Token
 from relay.console.history import History, sample_forever
 from relay.console.hosts import is_loopback
 from relay.db.names import OutboxNames
-from relay.db.session import check_schema, connect, open_pool
 from relay.errors import ConfigError
 from relay.summary import StatusSummary, read_summary
 
@@ -40,10 +40,7 @@ class ServeOptions:
 
 async def serve(config: ConsoleConfig, options: ServeOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set, or SIGTERM/SIGINT when no ``stop`` is given."""
-    probe = await connect(options.dsn)
-    async with probe:
-        await check_schema(probe, config.names)
-    pool = await open_pool(options.dsn, POOL_SIZE)
+    pool = await checked_pool(options.dsn, config.names, POOL_SIZE)
     history = History(options.window)
     stop = stop or _stop_on_signals()
     console = Console(config, pool, history, Guard(options.tokens))
