@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -39,6 +39,9 @@ from relay.supervisor import Supervisor
 from relay.tracing import Tracing
 from relay.wakeup import Presence, listen
 from relay.worker import Shared, Worker, WorkerStats
+
+if TYPE_CHECKING:
+    from relay.metrics import RelayMetrics  # prometheus-client is imported only when asked for
 
 log = logging.getLogger("relay.runner")
 
@@ -356,7 +359,7 @@ def _services(
     destinations: Destinations,
     shared: Shared,
     events: list[asyncio.Event],
-    metrics: Any,
+    metrics: RelayMetrics | None,
 ) -> list[Service]:
     """The background duties of this run, in the order they start (and the reverse of the
     order they close): what the settings turn on."""
@@ -388,7 +391,7 @@ def _metrics_services(
     pool: AsyncConnectionPool[Any],
     destinations: Destinations,
     shared: Shared,
-    metrics: Any,
+    metrics: RelayMetrics,
 ) -> list[Service]:
     """The metrics and health endpoint (bound at start: a port that cannot be bound refuses
     the start), and the gauges it serves, read from the table every GAUGE_REFRESH_S."""
@@ -424,7 +427,7 @@ async def _until_stopped(stop: asyncio.Event) -> None:
     await stop.wait()
 
 
-async def _refresh_gauges(metrics: Any, pool: AsyncConnectionPool[Any], settings: RelaySettings) -> None:
+async def _refresh_gauges(metrics: RelayMetrics, pool: AsyncConnectionPool[Any], settings: RelaySettings) -> None:
     async with pool.connection() as conn:
         await metrics.refresh_gauges(conn, settings.names)
 
