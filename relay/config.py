@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from relay.adapters.registry import BROKERS
 from relay.backoff import Backoff
-from relay.contract import BROKERS, PublishLimits
+from relay.contract import PublishLimits
 from relay.db import SessionLimits
 from relay.decide import Policy
 from relay.errors import ConfigError

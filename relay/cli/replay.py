@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import click
 
-from relay.adapters.registry import max_envelope_fields
+from relay.adapters.registry import BROKERS, max_envelope_fields
 from relay.backoff import Backoff
 from relay.cli.common import (
     BROKER_OPTIONS,
@@ -43,7 +43,7 @@ from relay.config import (
     require_dsn,
     session_limits,
 )
-from relay.contract import BROKERS, DestinationCheck, PublishLimits, check_destinations
+from relay.contract import DestinationCheck, PublishLimits, check_destinations
 from relay.db import check_schema, configure_session, connect
 from relay.dsn import mask
 from relay.durations import format_duration, parse_moment
