@@ -11,7 +11,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from relay.adapters.memory import InMemoryPublisher, Script
 from relay.backoff import Backoff
 from relay.commit_order import CommitOrder
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
@@ -23,6 +22,7 @@ from relay.shared_settings import SettingsUpdate, update_settings
 from relay.sqlfiles import migrations, named_queries
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
+from relay.testing import InMemoryPublisher, Script
 from relay.worker import Worker, WorkerConfig
 
 # What `relay start` tells an adapter with its default settings (--publish-timeout 20s,

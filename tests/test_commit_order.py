@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from relay.adapters.memory import InMemoryPublisher
 from relay.commit_order import CommitOrder, ingest_by_id
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.db import open_pool
@@ -36,6 +35,7 @@ from relay.shared_settings import read_settings, store_ordering
 from relay.sqlfiles import named_queries
 from relay.sqlnames import OutboxNames
 from relay.store import OutboxStore
+from relay.testing import InMemoryPublisher
 from tests.conftest import Db, Roles
 from tests.helpers import set_commit_order
 from tests.producers import (

@@ -20,7 +20,6 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.adapters.memory import InMemoryPublisher
 from relay.backoff import Backoff
 from relay.contract import Outcome
 from relay.db import configure_session
@@ -28,6 +27,7 @@ from relay.errors import BrokerUnavailable, PermanentError, RetryableError
 from relay.message import OutboxMessage
 from relay.replay import RatePacer, Replayer, ReplayLimits, ReplayPlan, ReplayReport, Selection
 from relay.sqlnames import OutboxNames
+from relay.testing import InMemoryPublisher
 from tests.conftest import Db
 
 FAST = ReplayLimits(

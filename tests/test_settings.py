@@ -14,7 +14,6 @@ import pytest
 from psycopg import sql
 
 from relay import runner
-from relay.adapters.memory import InMemoryPublisher
 from relay.config import CORE_OPTIONS, START_OPTIONS
 from relay.errors import ConfigError
 from relay.options import resolve
@@ -29,6 +28,7 @@ from relay.shared_settings import (
     update_settings,
 )
 from relay.sqlnames import OutboxNames
+from relay.testing import InMemoryPublisher
 from tests.conftest import Db
 from tests.helpers import record_listeners, settings_for
 from tests.ops_helpers import relay_json, target
