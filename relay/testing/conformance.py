@@ -90,7 +90,7 @@ class Harness(ABC):
     def __init__(self, name: str) -> None:
         """:param name: how skips and failures name the destination."""
         self.name = name
-        self._publishers: list[Publisher] = []
+        self._opened: list[Publisher] = []
 
     @abstractmethod
     async def start_publisher(self) -> Publisher:
@@ -122,19 +122,19 @@ class Harness(ABC):
 
     async def make_publisher(self) -> Publisher:
         """:meth:`start_publisher`'s publisher, closed after the test."""
-        return self._made(await self.start_publisher())
+        return self._close_after_test(await self.start_publisher())
 
     async def make_missing_destination(self) -> Publisher:
         """:meth:`start_missing_destination`'s publisher, closed after the test."""
-        return self._made(await self.start_missing_destination())
+        return self._close_after_test(await self.start_missing_destination())
 
     async def cleanup(self) -> None:
         """Close every publisher made (closing twice is allowed by the contract)."""
-        for publisher in self._publishers:
+        for publisher in self._opened:
             await publisher.close()
 
-    def _made(self, publisher: Publisher) -> Publisher:
-        self._publishers.append(publisher)
+    def _close_after_test(self, publisher: Publisher) -> Publisher:
+        self._opened.append(publisher)
         return publisher
 
 
