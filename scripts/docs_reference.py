@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import html
 import inspect
+import itertools
 import os
 import re
 import sys
@@ -933,7 +934,7 @@ def _attribute_doc(name: str) -> str | None:
     if origin is None:
         return None
     body = ast.parse(inspect.getsource(sys.modules[origin])).body
-    for assignment, after in zip(body, body[1:], strict=False):
+    for assignment, after in itertools.pairwise(body):
         target = assignment.target if isinstance(assignment, ast.AnnAssign) else None
         if isinstance(assignment, ast.Assign) and len(assignment.targets) == 1:
             target = assignment.targets[0]
