@@ -29,10 +29,15 @@ RUN_BROKER ?= log
 PHONY_EXAMPLES := example-producer example-consumer
 .PHONY: $(PHONY_EXAMPLES) venv bytecode docs docs-reference run test test-all image wheels image-test test-faults lint format demo bench bench-rabbitmq bench-sqs bench-console soak console-screenshots clean
 
-$(STAMP): pyproject.toml
+# Destinations outside the relay's package, installed beside it as a third party's would be
+# (each declares itself in the entry-point group outbox_relay.destinations): the suite tests
+# that `relay` finds them and that they pass the conformance suite. The wheel holds none.
+PLUGINS := tests/plugins/redis_streams
+
+$(STAMP): pyproject.toml $(PLUGINS:%=%/pyproject.toml)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' $(PLUGINS:%=-e %)
 	touch $(STAMP)
 
 venv: $(STAMP)

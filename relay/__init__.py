@@ -11,18 +11,39 @@ The public API, and the only names with a promise (everything else is private):
 * running the relay in the application's own event loop: :class:`Relay`, its settings
   typed by :class:`RelayOptions`; replaying history from Python: :class:`Replay` of a
   :class:`Selection` (:class:`ReplayOptions`);
-* the failure classes a publisher sorts outcomes into, and :class:`OutboxMessage`.
+* writing a destination of your own: the :class:`Publisher` contract (:data:`Outcome`,
+  :class:`PublishLimits`, :func:`each_message`, :func:`publish_deadline`), its optional
+  abilities (:class:`ChecksDestinations`, :class:`WatchesDestinations`,
+  :class:`ReportsUnroutable`), the failure classes a publisher sorts outcomes into,
+  :class:`OutboxMessage`, and the :class:`DestinationSpec` an installed package declares
+  in the entry-point group ``outbox_relay.destinations``, with its options (:class:`Option`);
+  :mod:`relay.testing` holds what to test one with.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from relay._transactions import NotInTransaction
 from relay.consumers import Consumer, Verdict, WebhookRejected, received_from_webhook
+from relay.contract import (
+    ChecksDestinations,
+    DestinationCheck,
+    DestinationSettings,
+    DestinationSpec,
+    DestinationState,
+    Outcome,
+    Publisher,
+    PublishLimits,
+    ReportsUnroutable,
+    WatchesDestinations,
+    each_message,
+    publish_deadline,
+)
 from relay.errors import (
     BrokerUnavailable,
     ConfigError,
     Defer,
     NoRoomForReplayMarker,
+    NotSent,
     PermanentError,
     RetryableError,
 )
@@ -38,6 +59,7 @@ from relay.inbox import (
     received_from_sqs,
 )
 from relay.message import OutboxMessage
+from relay.options import Option
 from relay.options_typed import RelayOptions, ReplayOptions
 from relay.writer import Event, Outbox, to_json
 
@@ -67,27 +89,41 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BrokerUnavailable",
+    "ChecksDestinations",
     "ConfigError",
     "ConnectionShared",
     "Consumer",
     "Defer",
+    "DestinationCheck",
+    "DestinationSettings",
+    "DestinationSpec",
+    "DestinationState",
     "Event",
     "Inbox",
     "NoRoomForReplayMarker",
     "NotInTransaction",
+    "NotSent",
+    "Option",
     "OutOfOrder",
     "Outbox",
     "OutboxMessage",
+    "Outcome",
     "PermanentError",
+    "PublishLimits",
+    "Publisher",
     "Received",
     "Relay",
     "RelayOptions",
     "Replay",
     "ReplayOptions",
+    "ReportsUnroutable",
     "RetryableError",
     "Selection",
     "Verdict",
+    "WatchesDestinations",
     "WebhookRejected",
+    "each_message",
+    "publish_deadline",
     "received_from_aio_pika",
     "received_from_kafka",
     "received_from_nats",

@@ -70,16 +70,22 @@ class StartParts:
 
 
 def compose_start(
-    given: Mapping[str, Any], *, environ: Mapping[str, str] | None = None, config: str | None = None
+    given: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str] | None = None,
+    config: str | None = None,
+    publisher: Publisher | None = None,
 ) -> StartParts:
     """The parts of a relay run from ``given`` (option values by their ``dest``: parsed
     flags, or Python values), ``environ`` and the config file ``config``.
     :class:`relay.ConfigError`, one line naming the option, for anything wrong, before
-    anything connects."""
+    anything connects. ``publisher``: one of the caller's own (a test's, a destination
+    not installed), used instead of the one ``--broker`` would build."""
     entered = _enter(START_ALL, given, environ, config, "relay setting", "`relay start`'s options")
     v = entered.values
-    checked = RelaySettings.from_values(v)
-    refuse_other_destinations(checked.broker, entered.given, entered.environ)
+    checked = RelaySettings.from_values(v, broker=None if publisher is None else publisher.name)
+    if publisher is None:
+        refuse_other_destinations(checked.broker, entered.given, entered.environ)
     # Logged when the relay starts, beside the other warnings of its settings.
     misspelt = tuple(unknown_variables(entered.environ, VARIABLES))
     settings = replace(checked, warnings=misspelt + checked.warnings) if misspelt else checked
@@ -88,8 +94,8 @@ def compose_start(
         operations=Operations.from_values(v),
         log=LogSettings(level=v["log_level"], format=v["log_format"]),
         # Made here, so that a bad route or broker setting is refused before anything runs.
-        publisher=publisher_for(settings.broker, v, settings.publish_limits),
-        tracing=_tracing(v, settings.broker),
+        publisher=publisher or publisher_for(settings.broker, v, settings.publish_limits),
+        tracing=tracing_for(v) if publisher is not None else _tracing(v, settings.broker),
         given=given_settings(v, entered.given, entered.file, entered.environ),
     )
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from relay.adapters.registry import BROKERS
 from relay.backoff import Backoff
-from relay.contract import BROKERS, PublishLimits
+from relay.contract import PublishLimits
 from relay.db.dispatch import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, MIN_BATCH_BYTES
 from relay.db.names import OutboxNames
 from relay.db.session import SessionLimits
@@ -280,9 +281,11 @@ class RelaySettings:
     warnings: tuple[str, ...] = ()
 
     @classmethod
-    def from_values(cls, v: Mapping[str, Any]) -> RelaySettings:
+    def from_values(cls, v: Mapping[str, Any], *, broker: str | None = None) -> RelaySettings:
+        """The settings of resolved option values ``v``; ``broker`` names the destination
+        when the caller brings a publisher of its own (``--broker`` is not read then)."""
         dsn = require_dsn(v)
-        broker = require_broker(v)
+        broker = broker or require_broker(v)
         lease: timedelta = v["lease"]
         publish_timeout: timedelta = v["publish_timeout"]
         if lease <= timedelta(0):

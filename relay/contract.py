@@ -1,26 +1,34 @@
-"""The publisher contract: what the core asks of every broker adapter, and what it tells
-one when it builds it.
+"""The publisher contract: what the core asks of every destination's adapter, what it
+tells one when it builds it, and how a destination declares itself (:class:`DestinationSpec`).
 
-The core owns this contract; adapters (``relay/adapters/``) import it, never the reverse. The
-core reaches a concrete adapter only through :mod:`adapters.registry`, which the CLI calls.
+The core owns this contract; adapters (``relay/adapters/``, and installed packages) import
+it, never the reverse. The core reaches a concrete adapter only through
+:mod:`adapters.registry`, which finds each destination's spec by its name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Awaitable, Callable, Sequence
+import importlib
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeAlias, TypeVar, runtime_checkable
 
-from relay.errors import BatchRaised, RetryableError, is_classified
+from relay.errors import BatchRaised, ConfigError, RetryableError, is_classified
 from relay.message import OutboxMessage
 
-# One outcome per message: None when the broker confirmed it, otherwise the failure-class
-# exception (relay.RetryableError, PermanentError, Defer or BrokerUnavailable) saying why.
-Outcome = BaseException | None
+if TYPE_CHECKING:
+    from relay.options import Option
+
+Outcome: TypeAlias = BaseException | None
+"""One message's outcome, as :meth:`Publisher.publish` returns it: None when the destination
+confirmed the message, otherwise the failure-class exception saying why
+(:class:`relay.RetryableError`, :class:`relay.PermanentError`, :class:`relay.Defer`,
+:class:`relay.NotSent` or :class:`relay.BrokerUnavailable`)."""
 
 
 class Publisher(Protocol):
@@ -52,16 +60,15 @@ class Publisher(Protocol):
 
     name: str
 
-    async def start(self) -> None: ...
+    async def start(self) -> None:
+        """Connect; raise a one-line :class:`relay.ConfigError` for what no retry can fix."""
 
-    async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]: ...
+    async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:
+        """One outcome per message of ``batch``, in its order (see the class's contract)."""
+        ...
 
-    async def close(self) -> None: ...
-
-
-# The brokers `--broker` accepts. Each is the adapter module of that name under relay/adapters/
-# (adapters.registry imports it when it is chosen); adding a broker adds its name here.
-BROKERS = ("sqs", "sns", "rabbitmq", "http", "kafka", "nats", "log")
+    async def close(self) -> None:
+        """Wait for what is in flight, then release the connection; closing twice is allowed."""
 
 
 @runtime_checkable
@@ -69,7 +76,8 @@ class WatchesDestinations(Protocol):
     """An optional ability (detected when needed): a publisher over several destinations
     that reports each one's health, ``on_change(destination, is_open)``, for the metrics."""
 
-    def watch_destinations(self, on_change: Callable[[str, bool], None]) -> None: ...
+    def watch_destinations(self, on_change: Callable[[str, bool], None]) -> None:
+        """Call ``on_change(destination, is_open)`` whenever a destination's health changes."""
 
 
 class DestinationState(enum.Enum):
@@ -141,7 +149,9 @@ class ChecksDestinations(Protocol):
       found (one line per destination that is not EXISTS).
     """
 
-    async def check_destinations(self) -> Sequence[DestinationCheck]: ...
+    async def check_destinations(self) -> Sequence[DestinationCheck]:
+        """One :class:`DestinationCheck` per destination this publisher will use (see above)."""
+        ...
 
 
 async def check_destinations(publisher: Publisher) -> list[DestinationCheck] | None:
@@ -161,7 +171,9 @@ class ReportsUnroutable(Protocol):
     which such keys hold messages now, one line each (at most a bounded number of them),
     for /readyz and the ``outbox_relay_unroutable_routing_keys`` gauge."""
 
-    def unroutable(self) -> Sequence[str]: ...
+    def unroutable(self) -> Sequence[str]:
+        """One line per routing key that holds messages now because nothing routes it."""
+        ...
 
 
 # The core's default for --publish-timeout, for adapters' own defaults derived from it.
@@ -182,6 +194,100 @@ class PublishLimits:
     publish_timeout: timedelta
     workers: int
     batch_size: int
+
+
+class DestinationSettings(Protocol):
+    """What a destination's settings type offers: it is built, checked, from the resolved
+    values of the destination's options (``{"queue_url": ..., "region": ...}``, keyed by
+    each option's ``dest``) and the core's limits, raising one :class:`relay.ConfigError`
+    line for a bad value. A frozen dataclass with this classmethod is the usual shape."""
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], limits: PublishLimits) -> Self:
+        """The settings from resolved option values; :class:`relay.ConfigError` on a bad one."""
+        ...
+
+
+S = TypeVar("S", bound=DestinationSettings)
+
+# What `--broker` accepts as a destination's name (and the TOML table its options may use).
+_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+
+
+@dataclass(frozen=True)
+class DestinationSpec(Generic[S]):
+    """One destination, as the relay finds it by name: what ``--broker NAME`` builds.
+
+    The built-in destinations each declare one in their package (``relay.adapters.sqs.SPEC``);
+    an installed package declares one and names it in the entry-point group
+    ``outbox_relay.destinations`` (see "Writing a destination" in the manual). The module
+    that holds it is imported whenever the relay lists every destination's options (each
+    ``relay`` command does), so it must not import the destination's SDK: name the
+    publisher as ``"module:Class"`` and it is imported only when the destination is used.
+
+    :param name: what ``--broker`` takes: lowercase letters, digits and single dashes.
+    :param settings: the settings type (:class:`DestinationSettings`): built once from the
+        option values, then handed to the publisher.
+    :param publisher: what builds the publisher from the settings: a callable, or
+        ``"module:attribute"`` naming one, imported when the first publisher is built.
+    :param options: the destination's own options (``relay.Option``), each with the
+        destination's TOML table as its ``section``; none for a destination without any.
+    :param sdk_modules: the top-level modules of the SDK the publisher imports, so that one
+        missing is told as what to install, in one line, instead of a traceback.
+    :param extra: what ``pip install`` installs them as (``outbox-relay[rabbitmq]``);
+        required with ``sdk_modules``.
+    :param max_envelope_fields: how many fields of :meth:`OutboxMessage.envelope` (the
+        relay's and the producer's headers) one message can carry on this wire; None for no
+        limit of that kind (SQS and SNS carry 10 message attributes). The relay leaves a
+        trace context out rather than exceed it.
+    """
+
+    name: str
+    settings: type[S]
+    publisher: str | Callable[[S], Publisher]
+    options: tuple[Option, ...] = ()
+    sdk_modules: tuple[str, ...] = ()
+    extra: str = ""
+    max_envelope_fields: int | None = None
+
+    def __post_init__(self) -> None:
+        # Checked when the spec is made (at import), so that a wrong spec fails where it is
+        # written, not at the first publish of a relay that chose it.
+        if not _NAME.fullmatch(self.name):
+            raise ValueError(f"destination name {self.name!r}: use lowercase letters, digits and single dashes")
+        if isinstance(self.publisher, str) and not re.fullmatch(r"[\w.]+:[\w.]+", self.publisher):
+            raise ValueError(f"destination {self.name}: publisher {self.publisher!r} is not 'module:attribute'")
+        if self.sdk_modules and not self.extra:
+            raise ValueError(
+                f"destination {self.name}: sdk_modules {self.sdk_modules} need the extra that installs them"
+            )
+        if self.max_envelope_fields is not None and self.max_envelope_fields < 1:
+            raise ValueError(f"destination {self.name}: max_envelope_fields must be at least 1")
+
+    def create(self, settings: S | Mapping[str, Any], limits: PublishLimits) -> Publisher:
+        """A new publisher (not started) for ``settings``, or for the resolved option values
+        they are built from, and the core's ``limits``. A bad setting raises its one-line
+        :class:`relay.ConfigError`, and so does a missing SDK, naming what to install."""
+        built = self.settings.from_values(settings, limits) if isinstance(settings, Mapping) else settings
+        try:
+            factory = _imported(self.publisher) if isinstance(self.publisher, str) else self.publisher
+            return factory(built)
+        except ModuleNotFoundError as exc:
+            missing = (exc.name or "").partition(".")[0]
+            if missing not in self.sdk_modules:
+                raise
+            raise ConfigError(
+                f"--broker {self.name} needs {missing}, which is not installed: pip install '{self.extra}'"
+            ) from None
+
+
+def _imported(path: str) -> Any:
+    """The object ``"module:attribute"`` names (an entry point's form), imported now."""
+    module_name, _, attribute = path.partition(":")
+    found: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        found = getattr(found, part)
+    return found
 
 
 # The RetryableError of a publish that ran out of time starts with this.

@@ -40,6 +40,7 @@ from types import TracebackType
 from typing import Unpack
 
 from relay.compose import compose_start
+from relay.contract import Publisher
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable, first_line
 from relay.options_typed import RelayOptions
@@ -61,12 +62,20 @@ class Relay:
     :param environ: read RELAY_* variables from this mapping (``os.environ``), below the
         settings given here; none by default.
     :param config: a TOML config file, below both.
+    :param publisher: a publisher of your own (relay.testing's in-memory one, a destination
+        you have not installed as a package), used instead of the one ``broker`` names;
+        ``broker`` and its settings are not read then.
     """
 
     def __init__(
-        self, *, environ: Mapping[str, str] | None = None, config: str | None = None, **settings: Unpack[RelayOptions]
+        self,
+        *,
+        environ: Mapping[str, str] | None = None,
+        config: str | None = None,
+        publisher: Publisher | None = None,
+        **settings: Unpack[RelayOptions],
     ) -> None:
-        parts = compose_start(settings, environ=environ, config=config)
+        parts = compose_start(settings, environ=environ, config=config, publisher=publisher)
         self.settings = parts.settings
         self.operations = parts.operations
         self.log = parts.log

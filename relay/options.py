@@ -59,18 +59,22 @@ class Option:
 
     @property
     def flag(self) -> str:
+        """The command-line flag: ``--dest-with-dashes``."""
         return "--" + self.dest.replace("_", "-")
 
     @property
     def env(self) -> str:
+        """The environment variable: ``RELAY_DEST``."""
         return "RELAY_" + self.dest.upper()
 
     @property
     def toml_key(self) -> str:
+        """The key in the config file's table (``key``, or ``dest``)."""
         return self.key or self.dest
 
     @property
     def where(self) -> str:
+        """Where in the config file: ``[section] key``, or the top-level key."""
         return f"[{self.section}] {self.toml_key}" if self.section else self.toml_key
 
     @property

@@ -18,10 +18,12 @@ path, no terminal width, no ``RELAY_*`` variable.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import functools
 import html
 import inspect
+import itertools
 import os
 import re
 import sys
@@ -33,6 +35,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# The pages document the built-in destinations: an installed one (tests/plugins/ in the
+# test environment) must not add its options and name to them. Set before relay is imported.
+os.environ["OUTBOX_RELAY_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 
 import click
 from prometheus_client import Histogram
@@ -845,9 +850,29 @@ API_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "PermanentError",
             "NoRoomForReplayMarker",
             "Defer",
+            "NotSent",
             "BrokerUnavailable",
             "ConfigError",
             "OutboxMessage",
+        ),
+    ),
+    (
+        "destinations",
+        "Writing a destination",
+        (
+            "Publisher",
+            "Outcome",
+            "PublishLimits",
+            "each_message",
+            "publish_deadline",
+            "ChecksDestinations",
+            "DestinationCheck",
+            "DestinationState",
+            "WatchesDestinations",
+            "ReportsUnroutable",
+            "DestinationSpec",
+            "DestinationSettings",
+            "Option",
         ),
     ),
 )
@@ -875,6 +900,13 @@ def render_python_api(module: ModuleType, missing: list[str] | None = None) -> s
 
 def _api_entry(name: str, obj: Any, missing: list[str]) -> list[str]:
     lines = [f"### {name} {{#{name}}}", "", "```python"]
+    if not inspect.isclass(obj) and not callable(obj):  # a type alias (relay.Outcome)
+        lines += [f"{name} = {_annotation_text(obj)}", "```", ""]
+        doc = _attribute_doc(name)
+        if doc is None:
+            missing.append(name)
+            return [*lines, "*No docstring.*", ""]
+        return [*lines, *_blocks(docstring_markdown(doc))]
     if inspect.isclass(obj):
         lines += _class_header(name, obj)
     else:
@@ -884,6 +916,33 @@ def _api_entry(name: str, obj: Any, missing: list[str]) -> list[str]:
     if inspect.isclass(obj):
         lines += _class_body(name, obj, missing)
     return lines
+
+
+def _attribute_doc(name: str) -> str | None:
+    """The docstring written under ``name``'s assignment in the ``relay`` module it is
+    imported from (the string literal after ``Outcome: TypeAlias = ...``, as Sphinx reads
+    attribute docstrings): a type alias has no ``__doc__`` of its own."""
+    source = inspect.getsource(relay)
+    origin = next(
+        (
+            node.module
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ImportFrom) and node.module and any(a.name == name for a in node.names)
+        ),
+        None,
+    )
+    if origin is None:
+        return None
+    body = ast.parse(inspect.getsource(sys.modules[origin])).body
+    for assignment, after in itertools.pairwise(body):
+        target = assignment.target if isinstance(assignment, ast.AnnAssign) else None
+        if isinstance(assignment, ast.Assign) and len(assignment.targets) == 1:
+            target = assignment.targets[0]
+        if isinstance(target, ast.Name) and target.id == name:
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                return inspect.cleandoc(str(after.value.value))
+            return None
+    return None
 
 
 def _class_header(name: str, cls: type) -> list[str]:

@@ -10,6 +10,7 @@ names them as parameters and never imports them.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -20,6 +21,12 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
+
+# The suite tests the built-in destinations: the installed ones (tests/plugins/, installed
+# by make venv) stay out of --broker's choices, --help and the config file's tables in this
+# process and every relay it starts, except where a test turns them back on to test one.
+# Set before anything of relay is imported: the registry reads it when it lists names.
+os.environ["OUTBOX_RELAY_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 
 from relay.db.dispatch import OutboxStore
 from relay.db.grants import Grantee, grant

@@ -11,7 +11,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from relay.adapters.memory import InMemoryPublisher, Script
 from relay.backoff import Backoff
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.contract import PublishLimits
@@ -23,6 +22,7 @@ from relay.db.statements import migrations, named_queries
 from relay.decide import Policy
 from relay.message import OutboxMessage
 from relay.options import resolve
+from relay.testing import InMemoryPublisher, Script
 from relay.worker import Worker, WorkerConfig
 
 # What `relay start` tells an adapter with its default settings (--publish-timeout 20s,

@@ -1,24 +1,16 @@
-"""The adapters the publisher conformance suite (tests/test_publisher_conformance.py) runs
-against, one small harness each.
+"""The project's harnesses for the publisher conformance suite
+(:mod:`relay.testing.conformance`, run by tests/test_publisher_conformance.py): one per
+built-in destination, and the in-memory publisher.
 
-A harness knows four things about its adapter, and the suite asks nothing else:
-
-- ``make_publisher()``: a started publisher on the test's own destination (queue,
-  exchange, file), closed after the test;
-- ``read_delivered(expected)``: what arrived at that destination since the last read, as
-  a consumer sees it (the envelope decoded to ``OutboxMessage.envelope()``'s types);
-- ``make_missing_destination()``: a started publisher whose destination does not exist;
-- ``refuse(kind, message)``: ``message`` turned into one the broker refuses for good, for
-  each kind in ``REFUSALS`` (what that broker really refuses: a message over the
-  adapter's max message size, a character SQS does not accept).
-
-What a harness cannot be tested for it declares in ``UNSUPPORTED`` with the reason, and
-the case skips saying it. Services (RabbitMQ, moto) come from the fixtures the harness
-names in ``FIXTURES``, so a run without RabbitMQ still tests the others, and
+Each is a :class:`relay.testing.conformance.Harness` (what it starts, how it reads back
+what arrived, what it refuses) built from pytest fixtures the harness names in
+``FIXTURES``, so that a run without RabbitMQ still tests the others, and
 ``RELAY_TEST_REQUIRE_SERVICES=1`` turns a missing service into a failure, never a skip.
+``REAL_BROKER`` says whether a real broker (or its server-mode emulator) stands behind
+it: every case must run on two real brokers at least.
 
-Adding an adapter is one harness class here and one ``TargetSpec`` line per flavour in
-``TARGETS``.
+Adding a destination is one harness class here and one ``TargetSpec`` line per flavour
+in ``TARGETS``.
 """
 
 from __future__ import annotations
@@ -26,26 +18,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 from urllib.parse import unquote
 
 import boto3
-import pytest
 
 from relay.adapters.aws.entries import LEFT_OUT as AWS_LEFT_OUT
-from relay.adapters.http.publisher import HttpPublisher
-from relay.adapters.http.settings import HttpSettings
-from relay.adapters.kafka.publisher import KafkaPublisher
-from relay.adapters.kafka.settings import KafkaSettings
+from relay.adapters.http import SPEC as HTTP
+from relay.adapters.kafka import SPEC as KAFKA
 from relay.adapters.log import LogPublisher
-from relay.adapters.memory import InMemoryPublisher
-from relay.adapters.nats.publisher import NatsPublisher
-from relay.adapters.nats.settings import NatsSettings
+from relay.adapters.nats import SPEC as NATS
 from relay.adapters.sns.publisher import SnsPublisher
 from relay.adapters.sns.settings import SnsSettings
 from relay.adapters.sqs.publisher import SqsPublisher
@@ -53,94 +39,28 @@ from relay.adapters.sqs.settings import SqsSettings
 from relay.contract import Publisher, PublishLimits
 from relay.errors import PermanentError
 from relay.message import OutboxMessage
+from relay.testing import InMemoryPublisher
+from relay.testing.conformance import ARRIVAL_TIMEOUT_S, Delivered, Harness
 from tests.pg_clusters import free_port
 from tests.rabbitmq_broker import Rabbit, unique
 from tests.sqs_server import queue_url, receive_all, unique_queue_name
 
-# The suite's cases an adapter may be unable to take part in.
-Case = Literal["permanent_failure", "missing_destination"]
-CASES: tuple[Case, ...] = ("permanent_failure", "missing_destination")
 
-# How long a read waits for the messages a test expects; confirmed messages are already
-# at the broker, so this is only ever spent when something is missing.
-ARRIVAL_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Delivered:
-    """One message as its consumer got it: the envelope (header or attribute values typed
-    back as ``OutboxMessage.envelope()`` types them) and the body as it arrived (kept as
-    bytes: a hostile payload, 10,000 arrays deep, is compared without being decoded)."""
-
-    envelope: dict[str, str | int]
-    body: bytes
-
-    @property
-    def payload(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def outbox_id(self) -> int:
-        return int(self.envelope["outbox_id"])
-
-
-class Target(ABC):
-    """One adapter, as the conformance suite drives it (see the module docstring)."""
+class Target(Harness):
+    """A harness of the project's own, built from the fixtures it names."""
 
     # A real broker (or its server-mode emulator) stands behind the adapter.
     REAL_BROKER: ClassVar[bool]
-    # Envelope fields this wire does not carry (SQS and SNS: adapters.aws.entries.LEFT_OUT).
-    LEFT_OUT: ClassVar[frozenset[str]] = frozenset()
     # The pytest fixtures the harness is built from, by name.
     FIXTURES: ClassVar[tuple[str, ...]] = ()
-    # Kinds of message the broker refuses for good (``refuse``); empty when it refuses none.
-    REFUSALS: ClassVar[tuple[str, ...]] = ()
-    # Cases this adapter cannot be tested for, each with the reason the case skips.
-    UNSUPPORTED: ClassVar[Mapping[Case, str]] = {}
 
     def __init__(self, name: str, fixtures: Mapping[str, Any]) -> None:
         """:param fixtures: the values of the fixtures named in ``FIXTURES``."""
-        self.name = name
-        self._publishers: list[Publisher] = []
+        super().__init__(name)
 
-    def require(self, case: Case) -> None:
-        """Skip the calling test, saying why, when this adapter cannot take part in ``case``."""
-        reason = self.UNSUPPORTED.get(case)
-        if reason is not None:
-            pytest.skip(f"{self.name}: {reason}")
 
-    async def make_publisher(self) -> Publisher:
-        """A started publisher on this test's destination."""
-        return self._made(await self._start_publisher())
-
-    async def make_missing_destination(self) -> Publisher:
-        """A started publisher whose destination does not exist (and never will in the test)."""
-        return self._made(await self._start_missing())
-
-    @abstractmethod
-    async def read_delivered(self, expected: int) -> list[Delivered]:
-        """Everything that arrived since the last read, in arrival order: waits until at
-        least ``expected`` messages have (or :data:`ARRIVAL_TIMEOUT_S` passed), then a
-        moment longer for any extra, so that a duplicate shows."""
-
-    def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
-        """``message`` changed so that the broker refuses it for good, the way ``kind`` says."""
-        raise NotImplementedError(f"{self.name} refuses no message")
-
-    async def cleanup(self) -> None:
-        """Close every publisher made (closing twice is allowed by every adapter)."""
-        for publisher in self._publishers:
-            await publisher.close()
-
-    @abstractmethod
-    async def _start_publisher(self) -> Publisher: ...
-
-    async def _start_missing(self) -> Publisher:
-        raise NotImplementedError(f"{self.name} has no destination that could be missing")
-
-    def _made(self, publisher: Publisher) -> Publisher:
-        self._publishers.append(publisher)
-        return publisher
+# What the core tells the adapters built through their spec (HTTP, Kafka, NATS).
+LIMITS = PublishLimits(publish_timeout=timedelta(seconds=10), workers=4, batch_size=50)
 
 
 async def _started(publisher: Publisher) -> Publisher:
@@ -181,7 +101,7 @@ class MemoryTarget(Target):
         self._read = 0
         self._refused: set[int] = set()
 
-    async def _start_publisher(self) -> Publisher:
+    async def start_publisher(self) -> Publisher:
         return await _started(InMemoryPublisher(script=self._script, delivered=self._delivered))
 
     def _script(self, message: OutboxMessage) -> PermanentError | None:
@@ -219,7 +139,7 @@ class LogPublisherTarget(Target):
         self._stream = self._path.open("w", encoding="utf-8")
         self._read = 0
 
-    async def _start_publisher(self) -> Publisher:
+    async def start_publisher(self) -> Publisher:
         return await _started(LogPublisher(self._stream))
 
     async def read_delivered(self, expected: int) -> list[Delivered]:
@@ -269,11 +189,11 @@ class RabbitTarget(Target):
             self._destination = (exchange, queue)
         return self._destination
 
-    async def _start_publisher(self) -> Publisher:
+    async def start_publisher(self) -> Publisher:
         exchange, _ = await self._topology()
         return await self._on(exchange)
 
-    async def _start_missing(self) -> Publisher:
+    async def start_missing_destination(self) -> Publisher:
         return await self._on(unique("missing"))
 
     async def _on(self, exchange: str) -> Publisher:
@@ -338,10 +258,10 @@ class SqsTarget(Target):
         )
         return SqsPublisher(settings, session=boto3.session.Session())
 
-    async def _start_publisher(self) -> Publisher:
+    async def start_publisher(self) -> Publisher:
         return await _started(self._on(self.url))
 
-    async def _start_missing(self) -> Publisher:
+    async def start_missing_destination(self) -> Publisher:
         return await _started(self._on(queue_url(self._endpoint, unique_queue_name(self._fifo))))
 
     def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
@@ -394,10 +314,10 @@ class SnsTarget(Target):
         )
         return SnsPublisher(settings, session=boto3.session.Session())
 
-    async def _start_publisher(self) -> Publisher:
+    async def start_publisher(self) -> Publisher:
         return await _started(self._on(self.topic.arn))
 
-    async def _start_missing(self) -> Publisher:
+    async def start_missing_destination(self) -> Publisher:
         name = f"missing-{unique('t')}" + (".fifo" if self._fifo else "")
         return await _started(self._on(f"arn:aws:sns:us-east-1:123456789012:{name}"))
 
@@ -459,15 +379,14 @@ class HttpTarget(Target):
         self._receiver = Receiver(fixtures["pg_dsn"], fixtures["tmp_path"], RECEIVER_SCRIPT=json.dumps(script))
         self._read = 0
 
-    async def _start_publisher(self) -> Publisher:
+    async def start_publisher(self) -> Publisher:
         return await self._on(self._receiver.url)
 
-    async def _start_missing(self) -> Publisher:
+    async def start_missing_destination(self) -> Publisher:
         return await self._on(f"http://127.0.0.1:{free_port()}/nothing-listens-here")
 
     async def _on(self, url: str) -> Publisher:
-        limits = PublishLimits(publish_timeout=timedelta(seconds=10), workers=4, batch_size=50)
-        return await _started(HttpPublisher(HttpSettings.from_values({"url": url}, limits)))
+        return await _started(HTTP.create({"url": url}, LIMITS))
 
     def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
         return replace(message, event_type=self.REFUSED_TYPE)
@@ -533,22 +452,21 @@ class KafkaTarget(Target):
         self._seen: set[tuple[int, int]] = set()
 
     async def _on(self, topic: str) -> Publisher:
-        limits = PublishLimits(publish_timeout=timedelta(seconds=10), workers=4, batch_size=50)
         values = {
             "bootstrap_servers": self._kafka.bootstrap,
             "topic": topic,
             "kafka_max_message_size": self.MAX_MESSAGE_SIZE,
         }
-        return await _started(KafkaPublisher(KafkaSettings.from_values(values, limits)))
+        return await _started(KAFKA.create(values, LIMITS))
 
-    async def _start_publisher(self) -> Publisher:
+    async def start_publisher(self) -> Publisher:
         if self._topic is None:
             created: str = await asyncio.to_thread(self._kafka.create_topic, 3)
             self._topic = created
             return await self._on(created)
         return await self._on(self._topic)
 
-    async def _start_missing(self) -> Publisher:
+    async def start_missing_destination(self) -> Publisher:
         return await self._on(unique("missing"))
 
     def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:
@@ -594,17 +512,16 @@ class NatsTarget(Target):
         self._read = 0
 
     async def _on(self, subject: str) -> Publisher:
-        limits = PublishLimits(publish_timeout=timedelta(seconds=10), workers=4, batch_size=50)
         values = {"nats_url": self._stream.url, "subject": subject}
-        return await _started(NatsPublisher(NatsSettings.from_values(values, limits)))
+        return await _started(NATS.create(values, LIMITS))
 
-    async def _start_publisher(self) -> Publisher:
+    async def start_publisher(self) -> Publisher:
         if not self._created:
             await asyncio.to_thread(self._stream.create)
             self._created = True
         return await self._on(self._stream.subject("conformance"))
 
-    async def _start_missing(self) -> Publisher:
+    async def start_missing_destination(self) -> Publisher:
         return await self._on(unique("missing").replace("-", "_"))
 
     def refuse(self, kind: str, message: OutboxMessage) -> OutboxMessage:

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from relay.adapters.memory import InMemoryPublisher
 from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.db.commit_order import CommitOrder, ingest_by_id
 from relay.db.dispatch import OutboxStore
@@ -36,6 +35,7 @@ from relay.ops import deadletters
 from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
+from relay.testing import InMemoryPublisher
 from tests.conftest import Db, Roles
 from tests.helpers import set_commit_order
 from tests.producers import (

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from relay.adapters.memory import InMemoryPublisher
 from relay.contract import Publisher
 from relay.db.dispatch import OutboxStore
 from relay.errors import PermanentError
+from relay.testing import InMemoryPublisher
 from relay.worker import Worker, WorkerConfig
 from tests.conftest import Db
 from tests.publisher_targets import TARGETS, Target, TargetSpec

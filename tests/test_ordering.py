@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relay import PermanentError
-from relay.adapters.memory import InMemoryPublisher
 from relay.db.dispatch import OutboxStore
 from relay.errors import ConfigError
 from relay.message import Decision
 from relay.ordering import OrderingMap
+from relay.testing import InMemoryPublisher
 from tests.conftest import Db
 from tests.helpers import make_worker
 from tests.producers import CommitLog, LockedProducers, create_producer_tables, produce_unlocked

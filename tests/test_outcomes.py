@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 
 from relay import BrokerUnavailable, Defer, PermanentError, RetryableError
-from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.backoff import Backoff
 from relay.db.dispatch import OutboxStore
 from relay.errors import NotSent
+from relay.testing import STALL, InMemoryPublisher
 from tests.conftest import Db
 from tests.helpers import make_worker
 

@@ -23,10 +23,10 @@ import pytest
 from psycopg import sql
 
 from relay import BrokerUnavailable
-from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.breaker import CircuitBreaker
 from relay.db.dispatch import OutboxStore
 from relay.db.names import OutboxNames
+from relay.testing import STALL, InMemoryPublisher
 from relay.worker import RELEASED_BROKER_REFUSED, Shared, Worker, WorkerConfig
 from tests.conftest import Db
 from tests.deliveries import ORDERED, check_deliveries, read_queue, store_fleet_ordering

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relay.adapters.rabbitmq import OPTIONS, create
+from relay.adapters.rabbitmq import SPEC
 from relay.adapters.rabbitmq.publisher import RabbitPublisher
 from relay.adapters.rabbitmq.settings import RabbitSettings, RoutingKeyTemplate
 from relay.adapters.rabbitmq.unroutable import MAX_KEYS, UnroutableKeys
@@ -591,10 +591,10 @@ async def test_start_fails_after_a_short_retry_with_one_clear_line_and_no_passwo
 
 
 def test_options_are_named_for_the_cli_and_the_url_is_secret() -> None:
-    by_dest = {o.dest: o for o in OPTIONS}
+    by_dest = {o.dest: o for o in SPEC.options}
     assert by_dest["amqp_url"].flag == "--amqp-url" and by_dest["amqp_url"].env == "RELAY_AMQP_URL"
     assert by_dest["amqp_url"].secret
-    assert {o.section for o in OPTIONS} == {"rabbitmq"}
+    assert {o.section for o in SPEC.options} == {"rabbitmq"}
     assert by_dest["exchange"].default == "" and by_dest["routing_key"].default == "{event_type}"
     assert by_dest["declare"].kind == "bool" and by_dest["declare"].default is False
     assert by_dest["unroutable"].choices == ("wait", "permanent", "retryable")
@@ -616,7 +616,7 @@ def test_options_are_named_for_the_cli_and_the_url_is_secret() -> None:
 def test_bad_options_are_one_line_config_errors(values: dict[str, object], message: str) -> None:
     values = {"amqp_url": "amqp://guest:pw-secret@127.0.0.1:5672/", **values} if values else values
     with pytest.raises(ConfigError) as raised:
-        create(values, DEFAULT_LIMITS)
+        SPEC.create(values, DEFAULT_LIMITS)
     assert message in str(raised.value)
     assert "pw-secret" not in str(raised.value)
 

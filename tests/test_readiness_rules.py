@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from relay.adapters.memory import InMemoryPublisher
 from relay.breaker import CircuitBreaker
 from relay.contract import DestinationCheck, DestinationState
 from relay.readiness import Destinations, not_ready
+from relay.testing import InMemoryPublisher
 
 
 class LookingPublisher(InMemoryPublisher):

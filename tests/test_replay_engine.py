@@ -20,7 +20,6 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.adapters.memory import InMemoryPublisher
 from relay.backoff import Backoff
 from relay.contract import Outcome
 from relay.db.names import OutboxNames
@@ -29,6 +28,7 @@ from relay.db.session import configure_session
 from relay.errors import BrokerUnavailable, PermanentError, RetryableError
 from relay.message import OutboxMessage
 from relay.replay import RatePacer, Replayer, ReplayLimits, ReplayReport, Selection
+from relay.testing import InMemoryPublisher
 from tests.conftest import Db
 
 FAST = ReplayLimits(

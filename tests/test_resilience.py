@@ -13,11 +13,11 @@ import pytest
 from psycopg import sql
 
 from relay import BrokerUnavailable
-from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.breaker import CircuitBreaker
 from relay.db.dispatch import OutboxStore
 from relay.db.names import OutboxNames
 from relay.runner import run_relay
+from relay.testing import STALL, InMemoryPublisher
 from tests.conftest import Db
 from tests.helpers import make_worker, settings_for, terminate_relay_sessions
 from tests.relay_process import wait_until_async

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from relay.adapters.memory import InMemoryPublisher
 from relay.db.dispatch import OutboxStore
 from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable
 from relay.message import OutboxMessage
 from relay.options import resolve
 from relay.routes import ROUTES_OPTION, Router, parse_routes
 from relay.routing import RoutedPublisher
+from relay.testing import InMemoryPublisher
 from tests.conftest import Db
 from tests.helpers import make_worker
 

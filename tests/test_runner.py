@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import pytest
 
-from relay.adapters.memory import STALL, InMemoryPublisher
 from relay.db.names import OutboxNames
 from relay.runner import run_relay
 from relay.services import Every
+from relay.testing import STALL, InMemoryPublisher
 from tests.conftest import Db
 from tests.helpers import settings_for
 from tests.relay_process import wait_until_async

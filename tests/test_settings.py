@@ -14,7 +14,6 @@ import pytest
 from psycopg import sql
 
 from relay import runner
-from relay.adapters.memory import InMemoryPublisher
 from relay.config import CORE_OPTIONS, START_OPTIONS
 from relay.db.names import OutboxNames
 from relay.db.settings import SettingsUpdate, SharedSettings, read_settings, update_settings
@@ -22,6 +21,7 @@ from relay.errors import ConfigError
 from relay.options import resolve
 from relay.ordering import OrderingMap
 from relay.shared_settings import Given, disagreements, given_settings
+from relay.testing import InMemoryPublisher
 from tests.conftest import Db
 from tests.helpers import record_listeners, settings_for
 from tests.ops_helpers import relay_json, target

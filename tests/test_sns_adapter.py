@@ -22,9 +22,9 @@ import pytest
 from relay.adapters.aws.entries import group_id
 from relay.adapters.aws.settings import REGION
 from relay.adapters.registry import broker_options
-from relay.adapters.sns import OPTIONS, SnsSettings, create
+from relay.adapters.sns import SPEC, SnsSettings
 from relay.adapters.sns.publisher import SnsPublisher
-from relay.adapters.sqs import OPTIONS as SQS_OPTIONS
+from relay.adapters.sqs import SPEC as SQS
 from relay.contract import DestinationState
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
 from relay.options import resolve
@@ -98,7 +98,7 @@ def received_ids(sqs_client: Any, topic: Topic) -> list[int]:
 
 def test_create_without_a_topic_arn_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"^no SNS topic: pass --topic-arn"):
-        create({"topic_arn": None}, DEFAULT_LIMITS)
+        SPEC.create({"topic_arn": None}, DEFAULT_LIMITS)
 
 
 @pytest.mark.parametrize(
@@ -121,15 +121,15 @@ def test_create_without_a_topic_arn_is_a_config_error() -> None:
 )
 def test_unusable_settings_are_one_line_config_errors(values: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle) as info:
-        create(values, DEFAULT_LIMITS)
+        SPEC.create(values, DEFAULT_LIMITS)
     assert "\n" not in str(info.value) and len(str(info.value)) < 300
 
 
 def test_settings_come_from_flags_relay_env_and_the_toml_sns_table() -> None:
-    by_dest = {o.dest: o for o in OPTIONS}
+    by_dest = {o.dest: o for o in SPEC.options}
     assert by_dest["topic_arn"].flag == "--topic-arn" and by_dest["topic_arn"].env == "RELAY_TOPIC_ARN"
     values = resolve(
-        OPTIONS,
+        SPEC.options,
         cli={"endpoint_url": "http://127.0.0.1:4566"},
         file={"sns": {"topic_arn": "arn:aws:sns:eu-west-1:123456789012:orders.fifo", "connect_timeout": "750ms"}},
         env={"RELAY_REGION": "eu-central-1", "RELAY_SNS_SDK_ATTEMPTS": "3"},
@@ -143,14 +143,14 @@ def test_settings_come_from_flags_relay_env_and_the_toml_sns_table() -> None:
 
 
 def test_region_and_endpoint_are_one_setting_for_sqs_and_sns() -> None:
-    assert REGION in OPTIONS and REGION in SQS_OPTIONS
+    assert REGION in SPEC.options and REGION in SQS.options
     flags = [o.flag for o in broker_options()]
     assert flags.count("--region") == flags.count("--endpoint-url") == 1
     assert "--topic-arn" in flags and "--sns-connect-timeout" in flags and "--sqs-connect-timeout" in flags
     for table in ("sqs", "sns"):
-        assert resolve(OPTIONS, cli={}, file={table: {"region": "eu-west-3"}}, env={})["region"] == "eu-west-3"
+        assert resolve(SPEC.options, cli={}, file={table: {"region": "eu-west-3"}}, env={})["region"] == "eu-west-3"
     with pytest.raises(ConfigError, match=r"region in both \[sqs\] and \[sns\]"):
-        resolve(OPTIONS, cli={}, file={"sqs": {"region": "a"}, "sns": {"region": "b"}}, env={})
+        resolve(SPEC.options, cli={}, file={"sqs": {"region": "a"}, "sns": {"region": "b"}}, env={})
 
 
 def test_no_region_anywhere_is_a_config_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -165,7 +165,7 @@ def test_no_region_anywhere_is_a_config_error(monkeypatch: pytest.MonkeyPatch, t
 
 async def test_the_region_comes_from_the_arn_and_sdk_retries_stay_small(make_topic: Callable[..., Topic]) -> None:
     topic = make_topic(fifo=False)
-    p = create({"topic_arn": topic.arn}, replace(DEFAULT_LIMITS, workers=2, batch_size=50))
+    p = SPEC.create({"topic_arn": topic.arn}, replace(DEFAULT_LIMITS, workers=2, batch_size=50))
     assert p.region == "us-east-1"
     assert p.settings.worst_call_s() < 20  # inside the default --publish-timeout
     config: Any = p.client_config()

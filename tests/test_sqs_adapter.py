@@ -21,7 +21,7 @@ import pytest
 from botocore.exceptions import ParamValidationError
 
 from relay.adapters.aws.entries import group_id
-from relay.adapters.sqs import OPTIONS, SqsSettings, create
+from relay.adapters.sqs import SPEC, SqsSettings
 from relay.adapters.sqs.publisher import SqsPublisher
 from relay.contract import DestinationState
 from relay.errors import BrokerUnavailable, ConfigError, Defer, PermanentError, RetryableError
@@ -89,7 +89,7 @@ def assert_all(outcomes: Any, cls: type[BaseException]) -> None:
 
 def test_create_without_a_queue_url_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"^no SQS queue: pass --queue-url"):
-        create({"queue_url": None}, DEFAULT_LIMITS)
+        SPEC.create({"queue_url": None}, DEFAULT_LIMITS)
 
 
 @pytest.mark.parametrize(
@@ -114,16 +114,16 @@ def test_create_without_a_queue_url_is_a_config_error() -> None:
 )
 def test_unusable_settings_are_one_line_config_errors(values: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle) as info:
-        create(values, DEFAULT_LIMITS)
+        SPEC.create(values, DEFAULT_LIMITS)
     assert "\n" not in str(info.value)
 
 
 def test_settings_come_from_flags_relay_env_and_the_toml_sqs_table() -> None:
-    by_dest = {o.dest: o for o in OPTIONS}
+    by_dest = {o.dest: o for o in SPEC.options}
     assert by_dest["queue_url"].flag == "--queue-url" and by_dest["queue_url"].env == "RELAY_QUEUE_URL"
     assert by_dest["endpoint_url"].flag == "--endpoint-url"
     values = resolve(
-        OPTIONS,
+        SPEC.options,
         cli={"endpoint_url": "http://127.0.0.1:4566"},
         file={"sqs": {"queue_url": "http://127.0.0.1:4566/000000000000/orders.fifo", "connect_timeout": "750ms"}},
         env={"RELAY_REGION": "eu-west-1", "RELAY_SQS_SDK_ATTEMPTS": "3"},
@@ -149,14 +149,14 @@ def test_no_region_anywhere_is_a_config_error(monkeypatch: pytest.MonkeyPatch, t
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     with pytest.raises(ConfigError, match="no AWS region for SQS: pass --region"):
-        create({"queue_url": "http://localhost:9324/000000000000/orders"}, DEFAULT_LIMITS)
+        SPEC.create({"queue_url": "http://localhost:9324/000000000000/orders"}, DEFAULT_LIMITS)
 
 
 async def test_client_keeps_sdk_retries_small_with_explicit_timeouts(
     make_queue: Callable[..., str],
 ) -> None:
     values = {"queue_url": make_queue(), "region": "us-east-1"}
-    p = create(values, replace(DEFAULT_LIMITS, workers=2, batch_size=50))
+    p = SPEC.create(values, replace(DEFAULT_LIMITS, workers=2, batch_size=50))
     await p.start()
     try:
         config: Any = p.client.meta.config
@@ -295,11 +295,13 @@ async def test_aggregate_ids_sqs_refuses_as_group_ids_get_a_stable_digest(
 
 def test_fair_queue_group_ids_are_off_by_default_and_set_by_flag_env_or_the_sqs_table() -> None:
     url = "https://sqs.us-east-1.amazonaws.com/123456789012/orders"
-    by_dest = {o.dest: o for o in OPTIONS}
+    by_dest = {o.dest: o for o in SPEC.options}
     assert by_dest["sqs_message_group"].flag == "--sqs-message-group"
     assert by_dest["sqs_message_group"].env == "RELAY_SQS_MESSAGE_GROUP"
     assert (
-        SqsSettings.from_values(resolve(OPTIONS, cli={"queue_url": url}, file={}, env={}), DEFAULT_LIMITS).message_group
+        SqsSettings.from_values(
+            resolve(SPEC.options, cli={"queue_url": url}, file={}, env={}), DEFAULT_LIMITS
+        ).message_group
         == "none"
     )
     for cli, file, env in (
@@ -307,10 +309,10 @@ def test_fair_queue_group_ids_are_off_by_default_and_set_by_flag_env_or_the_sqs_
         ({}, {}, {"RELAY_SQS_MESSAGE_GROUP": "standard"}),
         ({}, {"sqs": {"message_group": "standard"}}, {}),
     ):
-        values = resolve(OPTIONS, cli={"queue_url": url, **cli}, file=file, env=env)
+        values = resolve(SPEC.options, cli={"queue_url": url, **cli}, file=file, env=env)
         assert SqsSettings.from_values(values, DEFAULT_LIMITS).message_group == "standard"
     with pytest.raises(ConfigError, match=r"invalid --sqs-message-group.*choose from none, standard"):
-        resolve(OPTIONS, cli={"sqs_message_group": "fair"}, file={}, env={})
+        resolve(SPEC.options, cli={"sqs_message_group": "fair"}, file={}, env={})
 
 
 async def test_a_standard_queue_gets_the_aggregate_as_message_group_with_message_group_standard(

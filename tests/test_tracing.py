@@ -236,7 +236,7 @@ async def test_sqs_span_attributes_and_a_message_already_at_ten_attributes_goes_
 async def test_a_publish_that_times_out_or_is_cancelled_at_shutdown_ends_its_spans_as_errors(
     relay_dsn: str, names: OutboxNames, db: Db, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
-    from relay.adapters.memory import STALL, InMemoryPublisher
+    from relay.testing import STALL, InMemoryPublisher
     from tests.helpers import settings_for
 
     provider, exporter = spans

@@ -15,12 +15,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.adapters.memory import InMemoryPublisher
 from relay.db.dispatch import OutboxStore
 from relay.db.names import OutboxNames
 from relay.db.settings import store_ordering
 from relay.ordering import OrderingMap
 from relay.runner import run_relay
+from relay.testing import InMemoryPublisher
 from relay.wakeup import LISTENER_TTL
 from tests.conftest import Db
 from tests.helpers import record_listeners, settings_for

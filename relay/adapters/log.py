@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
-from relay.contract import Outcome, PublishLimits
+from relay.contract import DestinationSpec, Outcome, PublishLimits
 from relay.errors import BrokerUnavailable
 from relay.message import OutboxMessage
 
@@ -49,9 +50,17 @@ class LogPublisher:
         binary.flush()
 
 
-OPTIONS: tuple[()] = ()
+@dataclass(frozen=True)
+class LogSettings:
+    """The log destination has no options, and nothing to size."""
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], limits: PublishLimits) -> LogSettings:
+        return cls()
 
 
-def create(values: Mapping[str, Any], limits: PublishLimits) -> LogPublisher:
-    """The log broker has no options and nothing to size."""
+def _publisher(settings: LogSettings) -> LogPublisher:
     return LogPublisher()
+
+
+SPEC = DestinationSpec(name="log", settings=LogSettings, publisher=_publisher)

@@ -84,6 +84,11 @@ MAX_ATTRIBUTES = 10
 # Envelope fields AWS messages leave out (see the table above).
 LEFT_OUT = frozenset({"attempt", "lease_version"})
 
+# Fields of OutboxMessage.envelope() one message can carry (the SQS and SNS specs'
+# max_envelope_fields; relay.tracing leaves a traceparent out past it): the attributes AWS
+# takes, and the fields these adapters leave out on top.
+MAX_ENVELOPE_FIELDS = MAX_ATTRIBUTES + len(LEFT_OUT)
+
 
 def attributes(message: OutboxMessage) -> tuple[tuple[str, str, str], ...]:
     """The envelope as message attributes: the relay's 5 to 7, and the producer's headers

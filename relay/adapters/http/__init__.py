@@ -15,22 +15,16 @@ when this destination is used; this module and its options load without it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
 from relay.adapters.http.settings import OPTIONS, HttpSettings
-from relay.contract import PublishLimits
+from relay.contract import DestinationSpec
 
-if TYPE_CHECKING:
-    from relay.adapters.http.publisher import HttpPublisher
+__all__ = ["SPEC", "HttpSettings"]
 
-__all__ = ["OPTIONS", "HttpSettings", "create"]
-
-
-def create(values: Mapping[str, Any], limits: PublishLimits) -> HttpPublisher:
-    """Build the publisher from resolved option values and the core's limits;
-    ``relay.ConfigError`` on bad settings."""
-    settings = HttpSettings.from_values(values, limits)
-    from relay.adapters.http.publisher import HttpPublisher
-
-    return HttpPublisher(settings)
+SPEC = DestinationSpec(
+    name="http",
+    settings=HttpSettings,
+    publisher="relay.adapters.http.publisher:HttpPublisher",
+    options=OPTIONS,
+    sdk_modules=("aiohttp", "multidict", "yarl", "aiohappyeyeballs", "aiosignal", "frozenlist", "propcache"),
+    extra="outbox-relay[http]",
+)

@@ -14,22 +14,16 @@ when this destination is used; this module and its options load without it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
 from relay.adapters.kafka.settings import OPTIONS, KafkaSettings
-from relay.contract import PublishLimits
+from relay.contract import DestinationSpec
 
-if TYPE_CHECKING:
-    from relay.adapters.kafka.publisher import KafkaPublisher
+__all__ = ["SPEC", "KafkaSettings"]
 
-__all__ = ["OPTIONS", "KafkaSettings", "create"]
-
-
-def create(values: Mapping[str, Any], limits: PublishLimits) -> KafkaPublisher:
-    """Build the publisher from resolved option values and the core's limits;
-    ``relay.ConfigError`` on bad settings."""
-    settings = KafkaSettings.from_values(values, limits)
-    from relay.adapters.kafka.publisher import KafkaPublisher
-
-    return KafkaPublisher(settings)
+SPEC = DestinationSpec(
+    name="kafka",
+    settings=KafkaSettings,
+    publisher="relay.adapters.kafka.publisher:KafkaPublisher",
+    options=OPTIONS,
+    sdk_modules=("aiokafka", "async_timeout"),
+    extra="outbox-relay[kafka]",
+)

@@ -15,22 +15,16 @@ message alone. nats-py is imported only when this destination is used.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
 from relay.adapters.nats.settings import OPTIONS, NatsSettings
-from relay.contract import PublishLimits
+from relay.contract import DestinationSpec
 
-if TYPE_CHECKING:
-    from relay.adapters.nats.publisher import NatsPublisher
+__all__ = ["SPEC", "NatsSettings"]
 
-__all__ = ["OPTIONS", "NatsSettings", "create"]
-
-
-def create(values: Mapping[str, Any], limits: PublishLimits) -> NatsPublisher:
-    """Build the publisher from resolved option values and the core's limits;
-    ``relay.ConfigError`` on bad settings."""
-    settings = NatsSettings.from_values(values, limits)
-    from relay.adapters.nats.publisher import NatsPublisher
-
-    return NatsPublisher(settings)
+SPEC = DestinationSpec(
+    name="nats",
+    settings=NatsSettings,
+    publisher="relay.adapters.nats.publisher:NatsPublisher",
+    options=OPTIONS,
+    sdk_modules=("nats",),
+    extra="outbox-relay[nats]",
+)

@@ -12,23 +12,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
 from relay.adapters.rabbitmq.settings import OPTIONS, RabbitSettings
-from relay.contract import PublishLimits
+from relay.contract import DestinationSpec
 
-if TYPE_CHECKING:
-    from relay.adapters.rabbitmq.publisher import RabbitPublisher
+__all__ = ["SPEC", "RabbitSettings"]
 
-__all__ = ["OPTIONS", "RabbitSettings", "create"]
-
-
-def create(values: Mapping[str, Any], limits: PublishLimits) -> RabbitPublisher:
-    """The publisher for resolved option ``values`` and the core's ``limits``; a bad option
-    raises ``relay.ConfigError``."""
-    settings = RabbitSettings.from_values(values, limits)
-    # Imported here so that only a relay that publishes to RabbitMQ loads aio-pika.
-    from relay.adapters.rabbitmq.publisher import RabbitPublisher
-
-    return RabbitPublisher(settings)
+SPEC = DestinationSpec(
+    name="rabbitmq",
+    settings=RabbitSettings,
+    publisher="relay.adapters.rabbitmq.publisher:RabbitPublisher",
+    options=OPTIONS,
+    sdk_modules=("aio_pika", "aiormq", "pamqp"),
+    extra="outbox-relay[rabbitmq]",
+)

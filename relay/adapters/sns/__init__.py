@@ -28,33 +28,18 @@ without it.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-from relay.adapters.aws.entries import LEFT_OUT, MAX_ATTRIBUTES
-from relay.adapters.aws.settings import warn_if_slow
+from relay.adapters.aws.entries import MAX_ENVELOPE_FIELDS
 from relay.adapters.sns.settings import OPTIONS, SnsSettings
-from relay.contract import PublishLimits
+from relay.contract import DestinationSpec
 
-if TYPE_CHECKING:
-    from relay.adapters.sns.publisher import SnsPublisher
+__all__ = ["SPEC", "SnsSettings"]
 
-__all__ = ["MAX_ENVELOPE_FIELDS", "OPTIONS", "SnsSettings", "create"]
-
-log = logging.getLogger("relay.adapters.sns")
-
-# Message attributes a message may carry (relay.tracing leaves out a traceparent past it).
-# Fields of OutboxMessage.envelope() a message can carry: the attributes AWS takes, and
-# the envelope's fields these adapters leave out (attempt, lease_version) on top.
-MAX_ENVELOPE_FIELDS = MAX_ATTRIBUTES + len(LEFT_OUT)
-
-
-def create(values: Mapping[str, Any], limits: PublishLimits) -> SnsPublisher:
-    """Build the publisher from resolved option values and the core's limits;
-    ``relay.ConfigError`` on bad settings."""
-    from relay.adapters.sns.publisher import SnsPublisher
-
-    settings = SnsSettings.from_values(values, limits)
-    warn_if_slow(settings, limits, log, "SNS")
-    return SnsPublisher(settings)
+SPEC = DestinationSpec(
+    name="sns",
+    settings=SnsSettings,
+    publisher="relay.adapters.sns.publisher:SnsPublisher",
+    options=OPTIONS,
+    sdk_modules=("boto3", "botocore"),
+    extra="outbox-relay[sns]",
+    max_envelope_fields=MAX_ENVELOPE_FIELDS,
+)

@@ -10,15 +10,26 @@ start-up, and a relay that delivers to RabbitMQ should not pay for loading the A
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from relay.adapters.aws.settings import ENDPOINT_URL, REGION, AwsSettings, concurrency_for, sdk_options, sdk_values
+from relay.adapters.aws.settings import (
+    ENDPOINT_URL,
+    REGION,
+    AwsSettings,
+    concurrency_for,
+    sdk_options,
+    sdk_values,
+    warn_if_slow,
+)
 from relay.contract import PublishLimits
 from relay.errors import ConfigError, shown
 from relay.options import Option
+
+log = logging.getLogger("relay.adapters.sns")
 
 # SNS's ceiling for one message (body plus message attributes) and for the sum of the
 # messages of one PublishBatch request: 256 KiB each (SQS went to 1 MiB; SNS did not).
@@ -86,8 +97,10 @@ class SnsSettings(AwsSettings):
                 f"invalid --topic-arn: {shown(topic_arn)} (expected an SNS topic ARN such as"
                 " arn:aws:sns:us-east-1:123456789012:orders.fifo)"
             )
-        return cls(
+        settings = cls(
             topic_arn=topic_arn,
             concurrency=concurrency_for(limits.workers, limits.batch_size),
             **sdk_values(values, "sns"),
         )
+        warn_if_slow(settings, limits, log, "SNS")
+        return settings

@@ -25,33 +25,18 @@ without it.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-from relay.adapters.aws.entries import LEFT_OUT, MAX_ATTRIBUTES
-from relay.adapters.aws.settings import warn_if_slow
+from relay.adapters.aws.entries import MAX_ENVELOPE_FIELDS
 from relay.adapters.sqs.settings import OPTIONS, SqsSettings
-from relay.contract import PublishLimits
+from relay.contract import DestinationSpec
 
-if TYPE_CHECKING:
-    from relay.adapters.sqs.publisher import SqsPublisher
+__all__ = ["SPEC", "SqsSettings"]
 
-__all__ = ["MAX_ENVELOPE_FIELDS", "OPTIONS", "SqsSettings", "create"]
-
-log = logging.getLogger("relay.adapters.sqs")
-
-# Message attributes a message may carry (relay.tracing leaves out a traceparent past it).
-# Fields of OutboxMessage.envelope() a message can carry: the attributes AWS takes, and
-# the envelope's fields these adapters leave out (attempt, lease_version) on top.
-MAX_ENVELOPE_FIELDS = MAX_ATTRIBUTES + len(LEFT_OUT)
-
-
-def create(values: Mapping[str, Any], limits: PublishLimits) -> SqsPublisher:
-    """Build the publisher from resolved option values and the core's limits;
-    ``relay.ConfigError`` on bad settings."""
-    from relay.adapters.sqs.publisher import SqsPublisher
-
-    settings = SqsSettings.from_values(values, limits)
-    warn_if_slow(settings, limits, log, "SQS")
-    return SqsPublisher(settings)
+SPEC = DestinationSpec(
+    name="sqs",
+    settings=SqsSettings,
+    publisher="relay.adapters.sqs.publisher:SqsPublisher",
+    options=OPTIONS,
+    sdk_modules=("boto3", "botocore"),
+    extra="outbox-relay[sqs]",
+    max_envelope_fields=MAX_ENVELOPE_FIELDS,
+)

@@ -6,6 +6,7 @@ start-up, and a relay that delivers to RabbitMQ should not pay for loading the A
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,11 +21,14 @@ from relay.adapters.aws.settings import (
     concurrency_for,
     sdk_options,
     sdk_values,
+    warn_if_slow,
 )
 from relay.contract import PublishLimits
 from relay.dsn import describe_url
 from relay.errors import ConfigError
 from relay.options import Option
+
+log = logging.getLogger("relay.adapters.sqs")
 
 # SQS's ceiling for one message (body plus message attributes) and for the sum of the
 # messages of one SendMessageBatch request; both were raised from 256 KiB to 1 MiB in
@@ -125,13 +129,15 @@ class SqsSettings(AwsSettings):
         _check_queue_url(queue_url)
         fields = sdk_values(values, "sqs")
         fields.setdefault("endpoint_url", _endpoint_from_queue_url(queue_url))
-        return cls(
+        settings = cls(
             queue_url=queue_url,
             message_group=str(values.get("sqs_message_group") or "none"),
             max_message_bytes=int(values.get("sqs_max_message_size") or SQS_MAX_MESSAGE_BYTES),
             concurrency=concurrency_for(limits.workers, limits.batch_size),
             **fields,
         )
+        warn_if_slow(settings, limits, log, "SQS")
+        return settings
 
 
 def _check_queue_url(url: str) -> None:

@@ -1,4 +1,6 @@
-"""An in-memory publisher for tests and dry runs, scriptable per message."""
+"""An in-memory publisher for tests, scriptable per message: the relay delivers into a
+list, and a test decides each message's outcome (delivered, a failure class, a broker
+that never answers)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ Script = Callable[[OutboxMessage], "BaseException | _Stall | None"]
 
 
 class _Stall:
-    pass
+    def __repr__(self) -> str:
+        return "STALL"
 
 
 STALL = _Stall()
@@ -36,6 +39,8 @@ class InMemoryPublisher:
     attempts: list[OutboxMessage] = field(default_factory=list)
     started: bool = False
     closed: bool = False
+    # Set at each delivery, for wait_delivered.
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False, compare=False)
 
     async def start(self) -> None:
         self.started = True
@@ -55,8 +60,18 @@ class InMemoryPublisher:
                 raise AssertionError("unreachable")
             if result is None:
                 self.delivered.append(message)
+                self._arrived.set()
             outcomes.append(result)
         return outcomes
 
     def delivered_ids(self) -> list[int]:
+        """The outbox ids of the delivered messages, in delivery order."""
         return [m.id for m in self.delivered]
+
+    async def wait_delivered(self, count: int) -> list[OutboxMessage]:
+        """The delivered messages once there are at least ``count`` (bound the wait with
+        ``asyncio.timeout``)."""
+        while len(self.delivered) < count:
+            self._arrived.clear()
+            await self._arrived.wait()
+        return list(self.delivered)
