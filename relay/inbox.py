@@ -55,6 +55,7 @@ from relay._transactions import async_runner, first, sync_runner
 from relay.db.inbox import InboxStatements
 from relay.db.names import OutboxNames
 from relay.errors import ConfigError
+from relay.message import RELAY_HEADERS
 
 __all__ = [
     "ConnectionShared",
@@ -117,20 +118,8 @@ class OutOfOrder(Exception):
         self.expected = expected
 
 
-_RELAY_FIELDS = frozenset(
-    {
-        "outbox_id",
-        "aggregate_type",
-        "aggregate_id",
-        "event_type",
-        "attempt",
-        "lease_version",
-        "aggregate_seq",
-        "aggregate_epoch",
-        "event_id",
-        "replay",
-    }
-)
+# What the relay itself puts beside the body (the producer's own headers are the rest).
+_RELAY_FIELDS = RELAY_HEADERS
 
 
 def _received(fields: Mapping[str, Any], body: bytes, event_id: Any = None) -> Received:
