@@ -65,6 +65,10 @@ class Option:
     # --port`) whose variable and key carry the command's name (RELAY_CONSOLE_PORT,
     # ``[console] port``), so that they say what they set beside every other command's.
     flag_name: str | None = None
+    # The name click gives the flag's value (Option.param), when not the flag's own words:
+    # a name a command's value has always been known by (`relay console --allow-host`,
+    # repeatable, arrives as ``allow_hosts``, and deployment checks read it so).
+    param_name: str | None = None
     # What --help and the reference write after the flag (``WHEN``, ``[NAME=]SECRET``);
     # by default a word for the kind (``DURATION``, ``N``).
     metavar: str | None = None
@@ -90,8 +94,9 @@ class Option:
     @property
     def param(self) -> str:
         """The name a command receives the flag's value under: the flag without its dashes
-        (``port`` for `relay console --port`); the dest unless ``flag_name`` says otherwise."""
-        return self.flag[2:].replace("-", "_")
+        (``port`` for `relay console --port`), so the dest unless ``flag_name`` or
+        ``param_name`` say otherwise."""
+        return self.param_name or self.flag[2:].replace("-", "_")
 
     @property
     def reads_env(self) -> bool:
