@@ -56,11 +56,53 @@ class Option:
     # No command-line flag, only the variable and the config file: a secret that must not
     # show in a process list or a shell's history.
     env_only: bool = False
+    # Only the flag: no variable and no key in the file. For what one run of a command acts
+    # on or how it answers (ids, filters, --yes, --dry-run, --json): a value standing in the
+    # environment or a shared file would act on messages nobody named, or answer later runs
+    # in a shape nobody asked for. Each such declaration says why it is one.
+    cli_only: bool = False
+    # The flag, when it is not ``--dest-with-dashes``: a command's short flag (`relay console
+    # --port`) whose variable and key carry the command's name (RELAY_CONSOLE_PORT,
+    # ``[console] port``), so that they say what they set beside every other command's.
+    flag_name: str | None = None
+    # The name click gives the flag's value (Option.param), when not the flag's own words:
+    # a name a command's value has always been known by (`relay console --allow-host`,
+    # repeatable, arrives as ``allow_hosts``, and deployment checks read it so).
+    param_name: str | None = None
+    # What --help and the reference write after the flag (``WHEN``, ``[NAME=]SECRET``);
+    # by default a word for the kind (``DURATION``, ``N``).
+    metavar: str | None = None
+    # The flag's value is checked by click before this module parses it, with click's own
+    # words ("Invalid value for '--limit': ..."): a count as ASCII digits within the bounds,
+    # a choice among the choices. The operator commands' flags answered so before they were
+    # declared here, and scripts may match it; a variable or the file gets this module's words.
+    click_checked: bool = False
+
+    def __post_init__(self) -> None:
+        # Mistakes of a declaration, caught when the module declaring it is imported.
+        if self.cli_only and self.env_only:
+            raise ValueError(f"option {self.dest}: cli_only and env_only exclude each other")
+        if self.cli_only and (self.section or self.key or self.also_in):
+            raise ValueError(f"option {self.dest}: a command-line-only option has no key in the file")
+        if self.flag_name is not None and not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", self.flag_name):
+            raise ValueError(f"option {self.dest}: flag {self.flag_name!r} is not --lowercase-words")
 
     @property
     def flag(self) -> str:
-        """The command-line flag: ``--dest-with-dashes``."""
-        return "--" + self.dest.replace("_", "-")
+        """The command-line flag: ``--dest-with-dashes``, or ``flag_name``."""
+        return self.flag_name or "--" + self.dest.replace("_", "-")
+
+    @property
+    def param(self) -> str:
+        """The name a command receives the flag's value under: the flag without its dashes
+        (``port`` for `relay console --port`), so the dest unless ``flag_name`` or
+        ``param_name`` say otherwise."""
+        return self.param_name or self.flag[2:].replace("-", "_")
+
+    @property
+    def reads_env(self) -> bool:
+        """Whether a ``RELAY_*`` variable sets it (every option but the command-line-only ones)."""
+        return not self.cli_only
 
     @property
     def env(self) -> str:
@@ -240,6 +282,7 @@ def _nesting(value: Any) -> int:
 
 def check_file_keys(data: Mapping[str, Any], known: Iterable[Option], path: str) -> None:
     """Reject keys no option declares, so a typo never silently means "use the default"."""
+    known = [o for o in known if not o.cli_only]  # they have no key: one in the file is a mistake
     top = {o.toml_key for o in known if o.section is None}
     sections: dict[str, set[str]] = {}
     for o in known:
@@ -270,6 +313,8 @@ def source_of(o: Option, cli: Mapping[str, Any], file: Mapping[str, Any], env: M
     raw = cli.get(o.dest)
     if raw is not None and raw != ():
         return Given("command line", raw)
+    if o.cli_only:
+        return None
     # An empty variable means "not set", except where empty is an error of its own.
     if o.env in env and (env[o.env] != "" or o.nonempty):
         return Given(o.env, env[o.env])

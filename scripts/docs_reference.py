@@ -45,11 +45,25 @@ from prometheus_client import Histogram
 import relay
 import relay.metrics
 from relay.adapters.registry import options_by_broker
-from relay.cli.common import ALL_OPTIONS, AsciiInt
+from relay.cli.common import ALL_OPTIONS, AsciiInt, DeclaredOption
 from relay.cli.main import cli
 from relay.config import CORE_OPTIONS, GRANT_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS
 from relay.durations import MAX_DURATION, format_bound, parse_duration
 from relay.metrics import RelayMetrics
+from relay.operator_options import (
+    BY,
+    CONSOLE_OPTIONS,
+    DEAD_FILTER_OPTIONS,
+    DEAD_LIST_OPTIONS,
+    DEAD_SELECT_OPTIONS,
+    DRY_RUN,
+    JSON,
+    PRUNE_OPTIONS,
+    REASON,
+    RELEASE_OWN_OPTIONS,
+    SETTINGS_SET_OPTIONS,
+    STATUS_OPTIONS,
+)
 from relay.options import MAX_CONFIG_BYTES, MAX_CONFIG_NESTING, Option, SizeOption
 from relay.routes import ROUTES_OPTION, RoutesOption
 from relay.sizes import format_size
@@ -67,6 +81,8 @@ USAGE_WIDTH = 80
 # A signature longer than this is written one parameter per line.
 SIGNATURE_WIDTH = 88
 DASH = "—"
+# The Environment column of an option that has no variable and no key (Option.cli_only).
+COMMAND_LINE_ONLY = f"{DASH} (command line only)"
 
 # ---- Markdown text
 
@@ -331,6 +347,7 @@ def settings_groups() -> tuple[OptionGroup, ...]:
             GRANT_OPTIONS,
         ),
         *_broker_groups(),
+        *_operator_groups(),
     ]
     _check_every_option_placed(groups)
     return tuple(groups)
@@ -351,6 +368,41 @@ def _broker_groups() -> Iterator[OptionGroup]:
             broker=broker,
         )
         placed.update(o.dest for o in options)
+
+
+def _operator_groups() -> Iterator[OptionGroup]:
+    """The operator commands' own options (relay.operator_options), a group per command."""
+    yield OptionGroup("settings-console", "The console (`relay console`)", "The operators' web page.", CONSOLE_OPTIONS)
+    yield OptionGroup("settings-status", "`relay status`", "How `relay status` answers.", _own(STATUS_OPTIONS))
+    yield OptionGroup(
+        "settings-dead",
+        "Dead messages (`relay dead`)",
+        "Which dead messages `relay dead list`, `retry` and `skip` read or change, and how many are listed.",
+        _own((*DEAD_FILTER_OPTIONS, *DEAD_LIST_OPTIONS, *DEAD_SELECT_OPTIONS)),
+    )
+    yield OptionGroup("settings-prune", "`relay prune`", "What a run of `relay prune` deletes.", _own(PRUNE_OPTIONS))
+    yield OptionGroup(
+        "settings-release", "`relay release`", "Whose leases `relay release` hands back.", _own(RELEASE_OWN_OPTIONS)
+    )
+    yield OptionGroup(
+        "settings-shared-set",
+        "`relay settings set`",
+        "The shared settings a run of `relay settings set` changes: only those its flags name.",
+        _own(SETTINGS_SET_OPTIONS),
+    )
+    yield OptionGroup(
+        "settings-answers",
+        "Answers and records of the operator commands",
+        "How an operator command answers, and what an action records with the messages it changes.",
+        (JSON, DRY_RUN, BY, REASON),
+    )
+
+
+def _own(options: Iterable[Option]) -> tuple[Option, ...]:
+    """``options`` less those several commands share (--json, --dry-run, --by, --reason),
+    which have a group of their own."""
+    shared = {JSON.dest, DRY_RUN.dest, BY.dest, REASON.dest}
+    return tuple(o for o in options if o.dest not in shared)
 
 
 def _check_every_option_placed(groups: Sequence[OptionGroup]) -> None:
@@ -456,6 +508,10 @@ def _cli_intro(groups: Sequence[OptionGroup], commands: Sequence[CommandDoc]) ->
         f" ({shared_text}) is refused when both hold it;",
         "4. its default.",
         "",
+        "A setting marked *command line only* has no variable and no key: what one run of a command acts on"
+        " or how it answers (ids, filters, `--yes`, `--dry-run`, `--json`). One standing in the environment or"
+        " a shared file would act on messages nobody named, or change every later answer.",
+        "",
         "Whatever its source, a value goes through the same parser and bounds (the default too),"
         " so a bad value gets the same one-line error from a flag, a variable or the file."
         " The file may hold only keys that some setting declares: a misspelt key is an error, not"
@@ -502,19 +558,36 @@ def _command_section(doc: CommandDoc, groups: Sequence[OptionGroup]) -> list[str
         lines += _subcommand_list(doc)
     declared = {o.dest: (o, g) for g in groups for o in g.options}
     params = [p for p in cmd.params if not getattr(p, "hidden", False)]
+    _check_every_parameter_declared(doc, params, declared)
     rows = [_param_row(p, doc.ctx, declared) for p in params if _broker_option(p, declared) is None]
     if rows:
-        lines += [*table(("Option", "Default", "Bounds", "Environment", "Description"), rows), ""]
+        lines += [*table(("Option", "Default", "Bounds", "Environment", "TOML key", "Description"), rows), ""]
     lines += _broker_lists(params, declared)
     return lines
 
 
-# A click parameter's name (its dest) -> the Option declaring it, and the group it is in.
+# An option's dest -> the Option declaring it, and the group it is in.
 Declared = Mapping[str, tuple[Option, OptionGroup]]
 
 
+def _declared(p: click.Parameter, declared: Declared) -> tuple[Option, OptionGroup] | None:
+    """The declaration (as the groups hold it) a command's option was made from, or None for
+    a plain click option (relay.cli.common.with_options makes a DeclaredOption of each)."""
+    if not isinstance(p, DeclaredOption):
+        return None
+    return declared.get(p.declared.dest)
+
+
+def _check_every_parameter_declared(doc: CommandDoc, params: Sequence[click.Parameter], declared: Declared) -> None:
+    missing = [p.name for p in params if isinstance(p, DeclaredOption) and p.declared.dest not in declared]
+    if missing:
+        raise SystemExit(
+            f"scripts/docs_reference.py: {doc.name} takes options in no group of settings_groups(): {missing}"
+        )
+
+
 def _broker_option(p: click.Parameter, declared: Declared) -> tuple[Option, OptionGroup] | None:
-    found = declared.get(p.name or "")
+    found = _declared(p, declared)
     return found if found is not None and found[1].broker else None
 
 
@@ -558,20 +631,28 @@ def _metavar(p: click.Parameter, ctx: click.Context) -> str | None:
 def _param_row(p: click.Parameter, ctx: click.Context, declared: Declared) -> tuple[str, ...]:
     metavar = _metavar(p, ctx)
     if isinstance(p, click.Argument):
-        return (code(metavar or p.human_readable_name, table=True), DASH, DASH, DASH, _argument_text(p))
+        return (code(metavar or p.human_readable_name, table=True), DASH, DASH, DASH, DASH, _argument_text(p))
     flags = " / ".join(code(o) for o in _opts(p))
     shown_metavar = " " + code(metavar, table=True) if metavar else ""
-    found = declared.get(p.name or "")
+    found = _declared(p, declared)
     if found is not None:
         o = found[0]
         return (
             f"[{flags}](#{anchor(o)}){shown_metavar}",
             f"[setting](#{anchor(o)})",
             code(o.bounds) if o.bounds else DASH,
-            code(o.env),
+            code(o.env) if o.reads_env else COMMAND_LINE_ONLY,
+            _toml_keys(o),
             inline(_declared_help(p), table=True),
         )
-    return (flags + shown_metavar, _click_default(p, ctx), _click_bounds(p), _click_envvar(p), _click_help(p))
+    return (flags + shown_metavar, _click_default(p, ctx), _click_bounds(p), _click_envvar(p), DASH, _click_help(p))
+
+
+def _toml_keys(o: Option) -> str:
+    """Where the config file sets ``o``: its key, in its table or either of them."""
+    if not o.reads_env:
+        return DASH
+    return " or ".join(code(f"[{s}] {o.toml_key}" if s else o.toml_key) for s in (o.section, *o.also_in))
 
 
 def _argument_text(p: click.Argument) -> str:
@@ -580,14 +661,12 @@ def _argument_text(p: click.Argument) -> str:
     return f"Argument ({need}{', any number' if many else ''})."
 
 
-# with_options() appends the bounds and the variable to the declared help: "[1..1000] [env RELAY_X]".
-_DECLARED_SUFFIX = re.compile(r"(?: \[[^\[\]]*\])? \[env RELAY_[A-Z0-9_]+\]$")
-
-
 def _declared_help(p: click.Parameter) -> str:
-    """The help a command gives a declared option (relay replay words some of them its own
-    way), without the bounds and variable its other columns show."""
-    return _DECLARED_SUFFIX.sub("", getattr(p, "help", None) or "")
+    """The help a command gives a declared option (relay replay and the operator commands
+    word some of them their own way), without the default, bounds and variable its other
+    columns show."""
+    assert isinstance(p, DeclaredOption)
+    return p.declared.help
 
 
 def _click_help(p: click.Parameter) -> str:
@@ -668,7 +747,7 @@ def _takers_text(g: OptionGroup, commands: Sequence[CommandDoc]) -> str:
     flagged = [o for o in (*g.options, *g.shared) if not o.env_only]
     parts = []
     for d in commands:
-        names = {p.name for p in d.command.params}
+        names = {p.declared.dest for p in d.command.params if isinstance(p, DeclaredOption)}
         taken = [o for o in flagged if o.dest in names]
         if not taken:
             continue
@@ -685,15 +764,14 @@ def _setting_row(o: Option) -> tuple[str, ...]:
     target = f'<a id="{anchor(o)}"></a>'
     if o.env_only:
         flag = f"{DASH} (environment and file only)"
-    elif o.kind == "bool":
+    elif o.kind == "bool" and not (o.cli_only and o.default is False):
         flag = f"{code(o.flag)} / {code('--no-' + o.flag[2:])}"
     else:
         flag = code(o.flag)
-    where = " or ".join(code(f"[{s}] {o.toml_key}" if s else o.toml_key) for s in (o.section, *o.also_in))
     return (
         target + flag,
-        code(o.env),
-        where,
+        code(o.env) if o.reads_env else COMMAND_LINE_ONLY,
+        _toml_keys(o),
         kind_text(o),
         default_text(o),
         code(o.bounds) if o.bounds else DASH,

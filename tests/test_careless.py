@@ -220,11 +220,31 @@ async def test_relay_start_logs_the_unknown_variable_when_it_starts(
 
 
 def test_every_variable_a_command_reads_is_known() -> None:
-    from relay.cli.common import ALL_OPTIONS
+    from relay.cli.common import ALL_OPTIONS, KNOWN_VARIABLES
     from relay.cli.console import TOKEN_ENV
+    from relay.operator_options import OPERATOR_OPTIONS
     from relay.wiring import VARIABLES
 
-    assert {o.env for o in ALL_OPTIONS} | {TOKEN_ENV, "RELAY_CONFIG"} <= VARIABLES
+    # What the commands warn with; a command-line-only option reads no variable.
+    assert {o.env for o in ALL_OPTIONS if o.reads_env} | {TOKEN_ENV, "RELAY_CONFIG"} <= KNOWN_VARIABLES
+    assert not {o.env for o in ALL_OPTIONS if o.cli_only} & KNOWN_VARIABLES
+    # relay start's own (and the grants'), as relay.wiring knows them.
+    operators = {o.env for o in OPERATOR_OPTIONS}
+    assert {o.env for o in ALL_OPTIONS if o.reads_env} - operators | {TOKEN_ENV, "RELAY_CONFIG"} <= VARIABLES
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="relay.wiring.VARIABLES (what relay start and Relay(...) warn with) does not yet hold the operator"
+    " commands' variables (relay.operator_options); wiring.py is outside branch i39-cliopts",
+)
+def test_relay_start_knows_the_operator_commands_variables() -> None:
+    # RELAY_CONSOLE_PORT in relay start's environment (one env file for a deployment) is
+    # read by relay console: "no setting of the relay has that name" would be untrue.
+    from relay.operator_options import OPERATOR_OPTIONS
+    from relay.wiring import VARIABLES
+
+    assert {o.env for o in OPERATOR_OPTIONS if o.reads_env} <= VARIABLES
 
 
 # ---- a Unix-socket DSN

@@ -12,7 +12,6 @@ import logging
 import os
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from datetime import timedelta
 from typing import Any, TypeVar
 
 import click
@@ -32,10 +31,11 @@ from relay.db.names import OutboxNames
 from relay.db.rows import Conn
 from relay.db.session import check_schema, connect
 from relay.dsn import mask
-from relay.durations import format_bound
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
-from relay.options import Option, check_file_keys, load_file, resolve, unknown_variables
+from relay.operator_options import OPERATOR_OPTIONS
+from relay.options import Option, SizeOption, check_file_keys, load_file, resolve, unknown_variables
 from relay.routes import ROUTES_OPTION
+from relay.sizes import format_size
 from relay.wiring import BROKER_OPTIONS, VARIABLES, publisher_for
 
 # Every declared setting: the keys a config file may hold, whichever command reads it.
@@ -47,13 +47,18 @@ ALL_OPTIONS = (
     *GRANT_OPTIONS,
     *LOG_OPTIONS,
     *BROKER_OPTIONS,
+    *OPERATOR_OPTIONS,
 )
+# Every RELAY_* variable some command reads: relay.wiring's (relay start's and the grants')
+# and the operator commands' own (RELAY_CONSOLE_PORT, RELAY_DEAD_LIMIT). What the operator
+# commands warn about when set but read by none (configure_logging).
+KNOWN_VARIABLES = VARIABLES | {o.env for o in ALL_OPTIONS if o.reads_env}
 # The operator commands take --dsn, --schema, --table, --config, --log-level and
 # --log-format the way `relay migrate` does.
 OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)
 _DIGITS = re.compile(r"[0-9]{1,19}")  # a count: ASCII digits, as ids (relay.ids)
 
-__all__ = ["ALL_OPTIONS", "BROKER_OPTIONS", "OPS_OPTIONS", "configure_logging", "publisher_for"]
+__all__ = ["ALL_OPTIONS", "BROKER_OPTIONS", "KNOWN_VARIABLES", "OPS_OPTIONS", "configure_logging", "publisher_for"]
 
 log = logging.getLogger("relay.cli")
 
@@ -61,27 +66,29 @@ T = TypeVar("T")
 F = Callable[..., Any]
 
 
+class DeclaredOption(click.Option):
+    """A click option made by :func:`with_options` from a declared :class:`Option`, which it
+    keeps as ``declared``: the reference (scripts/docs_reference.py) and the tests read a
+    command's options from it, not from click's names."""
+
+    def __init__(self, *args: Any, declared: Option, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.declared = declared
+
+
 def with_options(options: Sequence[Option]) -> Callable[[F], F]:
-    """Add one click option per declared Option; every default stays None so that
-    :func:`relay.options.resolve` can tell "not given" from "given"."""
+    """Add one click option per declared Option, and ``--config``; every default stays None
+    so that :func:`relay.options.resolve` can tell "not given" from "given"."""
+    params = [o.param for o in options if not o.env_only]
+    twice = sorted({p for p in params if params.count(p) > 1})
+    if twice:
+        # click would keep one of them silently.
+        raise ValueError(f"with_options: two options of one command take the flag of {', '.join(twice)}")
 
     def decorate(func: F) -> F:
         for o in reversed(options):
-            if o.env_only:
-                continue
-            bounds = f" [{o.bounds}]" if o.bounds else ""
-            help_text = o.help + bounds + f" [env {o.env}]"
-            if o.kind == "bool":
-                func = click.option(f"{o.flag}/--no-{o.flag[2:]}", o.dest, default=None, help=help_text)(func)
-            else:
-                func = click.option(
-                    o.flag,
-                    o.dest,
-                    default=None,
-                    multiple=o.kind == "list",
-                    metavar=_metavar(o),
-                    help=help_text,
-                )(func)
+            if not o.env_only:
+                func = _click_option(o)(func)
         return click.option(
             "--config",
             "config_path",
@@ -94,6 +101,69 @@ def with_options(options: Sequence[Option]) -> Callable[[F], F]:
     return decorate
 
 
+def _click_option(o: Option) -> Callable[[F], F]:
+    help_text = o.help + "".join(f" [{part}]" for part in _help_notes(o))
+    if o.kind == "bool" and o.cli_only and o.default is False:
+        # A command-line-only switch that is off unless given needs no --no- form: nothing
+        # else can turn it on.
+        return click.option(o.flag, o.param, is_flag=True, default=None, help=help_text, cls=DeclaredOption, declared=o)
+    if o.kind == "bool":
+        # --no-x, so that a flag can turn off what the variable or the file turned on.
+        flags = f"{o.flag}/--no-{o.flag[2:]}"
+        return click.option(flags, o.param, default=None, help=help_text, cls=DeclaredOption, declared=o)
+    return click.option(
+        o.flag,
+        o.param,
+        default=None,
+        multiple=o.kind == "list",
+        type=_click_type(o),
+        metavar=o.metavar or _metavar(o),
+        help=help_text,
+        cls=DeclaredOption,
+        declared=o,
+    )
+
+
+def _help_notes(o: Option) -> list[str]:
+    """What --help adds to an option's help: its default, its bounds, its variable."""
+    notes = []
+    default = _default_text(o)
+    if default is not None:
+        notes.append(f"default: {default}")
+    if o.bounds:
+        notes.append(o.bounds)
+    if o.reads_env:
+        notes.append(f"env {o.env}")
+    return notes
+
+
+def _default_text(o: Option) -> str | None:
+    """An option's default as --help shows it; none for a secret, an empty one, or a switch
+    that is off unless given."""
+    value = o.default
+    if o.secret or value is None or value == () or (o.kind == "bool" and o.cli_only and value is False):
+        return None
+    if o.kind == "bool":
+        return o.flag if value else f"--no-{o.flag[2:]}"
+    if isinstance(o, SizeOption):
+        return format_size(int(value))
+    if o.kind == "list":
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def _click_type(o: Option) -> click.ParamType[Any] | None:
+    """The type click checks the flag's value with, where the declaration asks for click's
+    words (``click_checked``); otherwise none, and :meth:`Option.parse` says what is wrong."""
+    if not o.click_checked:
+        return None
+    if o.kind == "int" and o.minimum is not None and o.maximum is not None:
+        return AsciiInt(int(o.minimum), int(o.maximum))
+    if o.kind == "choice":
+        return click.Choice(o.choices)
+    raise ValueError(f"option {o.dest}: click_checked needs an int with both bounds, or a choice")
+
+
 def _metavar(o: Option) -> str:
     if o.kind == "choice":
         return "[" + "|".join(o.choices) + "]"
@@ -101,11 +171,16 @@ def _metavar(o: Option) -> str:
 
 
 def settings_for(options: Sequence[Option], cli_values: dict[str, Any]) -> dict[str, Any]:
+    """``options``' values, each from its flag (in ``cli_values``, a command's keyword
+    arguments), variable, the ``--config`` file or its default, keyed by dest."""
     path = cli_values.pop("config_path", None)
     file = load_file(path)
     if path:
         check_file_keys(file, ALL_OPTIONS, path)
-    return resolve(options, cli_values, file)
+    # click names a flag's value after the flag (`port` for `relay console --port`); the
+    # engine knows the option by its dest (console_port).
+    cli = {o.dest: cli_values[o.param] for o in options if o.param in cli_values}
+    return resolve(options, cli, file)
 
 
 def configure_logging(values: Mapping[str, Any]) -> None:
@@ -113,13 +188,13 @@ def configure_logging(values: Mapping[str, Any]) -> None:
     each RELAY_* variable that no command reads (`relay start` logs them when it starts,
     relay.embed)."""
     logs.configure(values["log_level"], values["log_format"])
-    for line in unknown_variables(os.environ, VARIABLES):
+    for line in unknown_variables(os.environ, KNOWN_VARIABLES):
         log.warning("%s", line)
 
 
-def ops_setup(cli_values: dict[str, Any]) -> tuple[str, OutboxNames]:
-    """An operator command's values resolved and logging set up: its DSN and outbox."""
-    values = settings_for(OPS_OPTIONS, cli_values)
+def ops_target(values: Mapping[str, Any]) -> tuple[str, OutboxNames]:
+    """An operator command's logging set up from its resolved values (after the command
+    checked its own, so that bad input is refused first): its DSN and outbox."""
     configure_logging(values)
     return require_dsn(values), names_from(values)
 
@@ -141,21 +216,6 @@ class AsciiInt(click.types.IntParamType):
         if not self.low <= number <= self.high:
             self.fail(f"{number} is not in the range {self.low}..{self.high:,}", param, ctx)
         return number
-
-
-def bounded_duration_option(
-    flag: str, default: str, bounds: tuple[timedelta, timedelta], help: str
-) -> Callable[[F], F]:
-    """A duration flag whose help names its range; the command parses it with those bounds
-    (:func:`relay.durations.parse_duration`), so a bad value is one line naming the flag."""
-    low, high = bounds
-    return click.option(
-        flag,
-        default=default,
-        metavar="DURATION",
-        show_default=True,
-        help=f"{help} ({format_bound(low)}..{format_bound(high)}).",
-    )
 
 
 def check_text(value: str | None, what: str) -> None:

@@ -8,20 +8,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 
-from relay.cli.common import OPS_OPTIONS, AsciiInt, F, check_text, ops_setup, run, with_conn, with_options
+from relay.cli.common import OPS_OPTIONS, check_text, ops_target, run, settings_for, with_conn, with_options
 from relay.db.names import OutboxNames
 from relay.db.readmodel import Conn, DeadFilter
 from relay.durations import parse_moment
 from relay.errors import ConfigError, shown
 from relay.ids import parse_outbox_id
+from relay.operator_options import (
+    BY,
+    DEAD_FILTER_OPTIONS,
+    DEAD_LIST_OPTIONS,
+    DEAD_SELECT_OPTIONS,
+    DRY_RUN,
+    JSON,
+    REASON,
+)
 from relay.ops.deadletters import (
     GROUP_KEY,
-    GROUPS_PER_PAGE,
     default_operator,
     group_dead,
     list_dead,
@@ -31,62 +40,23 @@ from relay.ops.deadletters import (
 )
 from relay.ops.render import jsonable, refusal_line, render_groups, render_list, render_write
 
-LIST_MAX = 1_000_000  # rows `dead list` prints at most: a table that long is read with --json
+# Each command's options, in the order --help lists them.
+DEAD_LIST_ALL = (*OPS_OPTIONS, *DEAD_FILTER_OPTIONS, *DEAD_LIST_OPTIONS)
+_WRITE = (*OPS_OPTIONS, *DEAD_FILTER_OPTIONS, *DEAD_SELECT_OPTIONS, BY, DRY_RUN, JSON)
+DEAD_RETRY_ALL = (*_WRITE, REASON)
+DEAD_SKIP_ALL = (*_WRITE, replace(REASON, help="Why (required), recorded with the messages."))
 
 
-# ---- options shared by the dead-letter commands
-
-
-def _filter_options(func: F) -> F:
-    """--event-type, --aggregate, --error, --newer-than, --older-than."""
-    options = [
-        click.option(
-            "--event-type", "f_event_types", multiple=True, metavar="TYPE", help="Only this event type (repeatable)."
-        ),
-        click.option("--aggregate", "f_aggregate", default=None, metavar="ID", help="Only this aggregate id."),
-        click.option(
-            "--error", "f_error", default=None, metavar="TEXT", help="Only those whose last error contains TEXT."
-        ),
-        click.option(
-            "--newer-than",
-            "f_newer",
-            default=None,
-            metavar="WHEN",
-            help="Only messages created after WHEN: a duration ago (2h) or an ISO time (local unless offset given).",
-        ),
-        click.option(
-            "--older-than", "f_older", default=None, metavar="WHEN", help="Only messages created before WHEN."
-        ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def _write_options(func: F) -> F:
-    """IDS, the filters, --group, --all, --by, --dry-run, --json."""
-    func = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(func)
-    func = click.option("--dry-run", is_flag=True, help="Check and show what would change; change nothing.")(func)
-    func = click.option(
-        "--by", default=None, metavar="WHO", help="Who is acting, recorded with the messages (default: user@host)."
-    )(func)
-    func = click.option("--all", "all_dead", is_flag=True, help="Every dead message.")(func)
-    func = click.option(
-        "--group", default=None, metavar="KEY", help="The dead messages of one error group (`relay dead list --group`)."
-    )(func)
-    func = _filter_options(func)
-    return click.argument("ids", nargs=-1)(func)
-
-
-def _filter(cli_values: dict[str, Any]) -> DeadFilter:
-    """Pop the filter flags from ``cli_values`` and check them."""
+def _filter(values: dict[str, Any]) -> DeadFilter:
+    """Pop the filters (``f_event_types``, ``f_aggregate``, ``f_error``, ``f_newer``,
+    ``f_older``) from a command's ``values`` and check them."""
     now = datetime.now(UTC)
     flt = DeadFilter(
-        event_types=tuple(cli_values.pop("f_event_types", ()) or ()),
-        aggregate_id=cli_values.pop("f_aggregate", None),
-        error=cli_values.pop("f_error", None),
-        created_after=parse_moment(cli_values.pop("f_newer", None), "--newer-than", now),
-        created_before=parse_moment(cli_values.pop("f_older", None), "--older-than", now),
+        event_types=tuple(values.pop("f_event_types", ()) or ()),
+        aggregate_id=values.pop("f_aggregate", None),
+        error=values.pop("f_error", None),
+        created_after=parse_moment(values.pop("f_newer", None), "--newer-than", now),
+        created_before=parse_moment(values.pop("f_older", None), "--older-than", now),
     )
     for event_type in flt.event_types:
         check_text(event_type, "--event-type")
@@ -104,9 +74,10 @@ def _filter(cli_values: dict[str, Any]) -> DeadFilter:
 Selection = tuple[list[int], DeadFilter, str | None]
 
 
-def _selection(ids: tuple[str, ...], group: str | None, all_dead: bool, cli_values: dict[str, Any]) -> Selection:
-    """Which dead messages a write names: ids, or a filter and/or group, or --all; exactly one kind."""
-    flt = _filter(cli_values)
+def _selection(ids: tuple[str, ...], group: str | None, all_dead: bool, values: dict[str, Any]) -> Selection:
+    """Which dead messages a write names: ids, or a filter (in ``values``) and/or group, or
+    --all; exactly one kind."""
+    flt = _filter(values)
     numbers = []
     for raw in ids:
         numbers.append(parse_outbox_id(raw))
@@ -142,100 +113,69 @@ def dead_group() -> None:
 
 
 @dead_group.command("list")
-@with_options(OPS_OPTIONS)
-@_filter_options
-@click.option("--group", "grouped", is_flag=True, help="Group by error fingerprint, with counts.")
-@click.option(
-    "--limit", type=AsciiInt(1, LIST_MAX), default=100, show_default=True, help=f"Rows to show (1..{LIST_MAX:,})."
-)
-@click.option(
-    "--page",
-    type=AsciiInt(1, 1_000_000),
-    default=1,
-    show_default=True,
-    help=f"With --group: which page of {GROUPS_PER_PAGE} groups, largest first.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def dead_list_cmd(grouped: bool, limit: int, page: int, as_json: bool, **cli_values: Any) -> None:
+@with_options(DEAD_LIST_ALL)
+def dead_list_cmd(**cli_values: Any) -> None:
     """List dead messages (oldest first), or --group them by error (grouped and counted in
     the database, a page of groups at a time)."""
-    flt = _filter(cli_values)
-    dsn, names = ops_setup(cli_values)
+    values = settings_for(DEAD_LIST_ALL, cli_values)
+    flt = _filter(values)
+    dsn, names = ops_target(values)
+    as_json: bool = values["json"]
 
     async def body(conn: Conn) -> str:
-        if grouped:
-            groups = await group_dead(conn, names, flt, page=page)
+        if values["dead_grouped"]:
+            groups = await group_dead(conn, names, flt, page=values["dead_page"])
             if as_json:
                 return json.dumps({**jsonable(groups), "pages": groups.pages}, indent=2)
             return render_groups(groups, flt)
-        listed = await list_dead(conn, names, flt, limit=limit)
+        listed = await list_dead(conn, names, flt, limit=values["dead_limit"])
         return json.dumps(jsonable(listed), indent=2) if as_json else render_list(listed, flt)
 
     click.echo(run(lambda: with_conn(dsn, names, body)))
 
 
 @dead_group.command("retry")
-@with_options(OPS_OPTIONS)
-@_write_options
-@click.option("--reason", default=None, metavar="TEXT", help="Why, recorded with the messages (optional).")
-def dead_retry_cmd(
-    ids: tuple[str, ...],
-    group: str | None,
-    all_dead: bool,
-    reason: str | None,
-    by: str | None,
-    dry_run: bool,
-    as_json: bool,
-    **cli_values: Any,
-) -> None:
+@with_options(DEAD_RETRY_ALL)
+@click.argument("ids", nargs=-1)
+def dead_retry_cmd(ids: tuple[str, ...], **cli_values: Any) -> None:
     """Re-drive dead messages: back to pending, attempts reset, available now, in id order,
     so a dead head's aggregate resumes in order. Give IDS, a filter, --group or --all."""
+    values = settings_for(DEAD_RETRY_ALL, cli_values)
+    reason: str | None = values["reason"]
     check_text(reason, "--reason")
+    dry_run: bool = values["dry_run"]
     _dead_write(
         lambda conn, names, chosen, who: retry(conn, names, chosen, by=who, note=reason, dry_run=dry_run),
-        ids, group, all_dead, by, as_json, cli_values,
+        ids, values,
     )  # fmt: skip
 
 
 @dead_group.command("skip")
-@with_options(OPS_OPTIONS)
-@_write_options
-@click.option("--reason", default=None, metavar="TEXT", help="Why (required), recorded with the messages.")
-def dead_skip_cmd(
-    ids: tuple[str, ...],
-    group: str | None,
-    all_dead: bool,
-    reason: str | None,
-    by: str | None,
-    dry_run: bool,
-    as_json: bool,
-    **cli_values: Any,
-) -> None:
+@with_options(DEAD_SKIP_ALL)
+@click.argument("ids", nargs=-1)
+def dead_skip_cmd(ids: tuple[str, ...], **cli_values: Any) -> None:
     """Mark dead messages finished without delivery, recording who (--by) and why (--reason),
     so the ordered aggregate behind each moves on. Give IDS, a filter, --group or --all."""
+    values = settings_for(DEAD_SKIP_ALL, cli_values)
+    reason: str | None = values["reason"]
     if not reason or not reason.strip():
         raise ConfigError("relay dead skip needs --reason TEXT: it is recorded with the skipped messages")
     check_text(reason, "--reason")
+    dry_run: bool = values["dry_run"]
     _dead_write(
         lambda conn, names, chosen, who: skip(conn, names, chosen, by=who, reason=reason, dry_run=dry_run),
-        ids, group, all_dead, by, as_json, cli_values,
+        ids, values,
     )  # fmt: skip
 
 
-def _dead_write(
-    write: Callable[..., Awaitable[Any]],
-    ids: tuple[str, ...],
-    group: str | None,
-    all_dead: bool,
-    by: str | None,
-    as_json: bool,
-    cli_values: dict[str, Any],
-) -> None:
+def _dead_write(write: Callable[..., Awaitable[Any]], ids: tuple[str, ...], values: dict[str, Any]) -> None:
     """What `dead retry` and `dead skip` share: pick the rows, write, refuse on any bad id."""
-    selection = _selection(ids, group, all_dead, cli_values)
+    selection = _selection(ids, values["dead_group"], values["dead_all"], values)
+    by: str | None = values["by"]
     check_text(by, "--by")
-    dsn, names = ops_setup(cli_values)
+    dsn, names = ops_target(values)
     who = by or default_operator()
+    as_json: bool = values["json"]
 
     async def body(conn: Conn) -> str:
         chosen = await _resolve(conn, names, selection)

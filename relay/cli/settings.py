@@ -16,15 +16,21 @@ from typing import Any
 
 import click
 
-from relay.cli.common import OPS_OPTIONS, ops_setup, run, with_conn, with_options
+from relay.cli.common import OPS_OPTIONS, ops_target, run, settings_for, with_conn, with_options
 from relay.db.commit_order import CommitOrder
 from relay.db.names import OutboxNames
 from relay.db.rows import Conn
 from relay.db.settings import SettingsUpdate, SharedSettings, read_settings, update_settings
+from relay.operator_options import JSON, SETTINGS_SET_OPTIONS
 from relay.ops.deadletters import default_operator
 from relay.shared_settings import render_change, render_text
 
 log = logging.getLogger("relay.settings")
+
+SHOW_ALL = (*OPS_OPTIONS, JSON)
+# Its own flags are command-line only (relay.operator_options says why): no RELAY_ORDERED,
+# no [ordering] table reaches them.
+SET_ALL = (*OPS_OPTIONS, *SETTINGS_SET_OPTIONS)
 
 
 @click.group("settings")
@@ -33,11 +39,12 @@ def settings_group() -> None:
 
 
 @settings_group.command("show")
-@with_options(OPS_OPTIONS)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def show_cmd(as_json: bool, **cli_values: Any) -> None:
+@with_options(SHOW_ALL)
+def show_cmd(**cli_values: Any) -> None:
     """Print the stored ordering map and notify setting."""
-    dsn, names = ops_setup(cli_values)
+    values = settings_for(SHOW_ALL, cli_values)
+    dsn, names = ops_target(values)
+    as_json: bool = values["json"]
 
     async def body(conn: Conn) -> str:
         stored = await read_settings(conn, names)
@@ -47,71 +54,30 @@ def show_cmd(as_json: bool, **cli_values: Any) -> None:
 
 
 @settings_group.command("set")
-@with_options(OPS_OPTIONS)
-@click.option(
-    "--ordering-default",
-    "s_default",
-    type=click.Choice(["ordered", "unordered"]),
-    default=None,
-    help="Strategy for event types no rule names.",
-)
-@click.option(
-    "--ordered",
-    "s_ordered",
-    multiple=True,
-    metavar="TYPE",
-    help="The ordered list: event types or globs ('Order*'); repeatable; replaces the stored list ('' empties it).",
-)
-@click.option(
-    "--unordered",
-    "s_unordered",
-    multiple=True,
-    metavar="TYPE",
-    help="The unordered list, likewise.",
-)
-@click.option(
-    "--notify/--no-notify",
-    "s_notify",
-    default=None,
-    help="Whether producers' inserts NOTIFY the relays (off behind a transaction-mode pooler).",
-)
-@click.option(
-    "--commit-order",
-    "s_commit_order",
-    type=click.Choice(["stamp", "id"]),
-    default=None,
-    help="How commit order is learned: 'stamp' (any producer; the default) or 'id' (every producer locks the"
-    " aggregate before inserting: cheaper inserts). Run as the table's owner; see docs/concepts/ordering.md.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def set_cmd(
-    s_default: str | None,
-    s_ordered: tuple[str, ...],
-    s_unordered: tuple[str, ...],
-    s_notify: bool | None,
-    s_commit_order: CommitOrder | None,
-    as_json: bool,
-    **cli_values: Any,
-) -> None:
+@with_options(SET_ALL)
+def set_cmd(**cli_values: Any) -> None:
     """Change the shared settings named by the flags, and only those; prints old -> new.
 
     Rows inserted from then on are routed by the new map (rows already written keep
     their route). Running relays pick up a change of --notify when restarted, and a change
     of --commit-order at once (it locks the outbox against writes while it switches).
     """
+    values = settings_for(SET_ALL, cli_values)
+    commit_order: CommitOrder | None = values["settings_commit_order"]
+    as_json: bool = values["json"]
     update = SettingsUpdate(
-        ordering_default=s_default,
-        ordered=_entries(s_ordered),
-        unordered=_entries(s_unordered),
-        notify=s_notify,
-        commit_order=s_commit_order,
+        ordering_default=values["settings_ordering_default"],
+        ordered=_entries(values["settings_ordered"]),
+        unordered=_entries(values["settings_unordered"]),
+        notify=values["settings_notify"],
+        commit_order=commit_order,
     )
     if update.is_empty():
         raise click.UsageError(
             "say what to change: --ordering-default, --ordered, --unordered, --notify, --no-notify or --commit-order"
             " (`relay settings show` prints what is stored)"
         )
-    dsn, names = ops_setup(cli_values)
+    dsn, names = ops_target(values)
 
     async def body(conn: Conn) -> str:
         change = await update_settings(conn, names, update)
