@@ -43,7 +43,7 @@ from relay.routes import DEFAULT_DESTINATION, ROUTES_OPTION, destination_namer
 from relay.runner import Operations
 from relay.shared_settings import Given, given_settings
 from relay.tracing import Tracing, tracing_for
-from relay.wiring import BROKER_OPTIONS, START_ALL, VARIABLES, publisher_for, refuse_other_destinations
+from relay.wiring import ALL_OPTIONS, BROKER_OPTIONS, START_ALL, VARIABLES, publisher_for, refuse_other_destinations
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,9 @@ def _enter(
     raw = {name: _raw(value) for name, value in given.items() if value is not None and value != ()}
     file = load_file(config)
     if config:
-        check_file_keys(file, options, config)
+        # Against every declared setting: one file serves relay start, relay replay and the
+        # operator commands alike (a [console] table is not a mistake here).
+        check_file_keys(file, ALL_OPTIONS, config)
     env = dict(environ or {})
     return _Entered(resolve(options, raw, file, env), raw, file, env)
 

@@ -127,10 +127,6 @@ class RelayOptions(TypedDict, total=False):
     publish_timeout: timedelta | float | str
     # SQS queue URL; a name ending in .fifo means a FIFO queue.
     queue_url: str
-    # Bytes of payload and fields one entry may take; a larger message goes to dead.
-    redis_max_message_size: int
-    # Redis to deliver to: redis://[user:password@]host:port/db (rediss:// for TLS).
-    redis_url: str
     # AWS region of the queue or topic. Default: from the queue URL or topic ARN, else the AWS config c...
     region: str
     # Deliver these event types (names or globs) to their own destination: EVENT_TYPES=DESTINATION, rep...
@@ -159,8 +155,6 @@ class RelayOptions(TypedDict, total=False):
     sqs_sdk_attempts: int
     # PostgreSQL cancels a statement of the relay's sessions that runs longer (0s: off).
     statement_timeout: timedelta | float | str
-    # The stream each message is added to (XADD); it must exist.
-    stream: str
     # JetStream subject to publish to; may name {aggregate_type}, {aggregate_id} and {event_type} (orde...
     subject: str
     # Name of the outbox table.
@@ -270,10 +264,6 @@ class ReplayOptions(TypedDict, total=False):
     publish_timeout: timedelta | float | str
     # SQS queue URL; a name ending in .fifo means a FIFO queue.
     queue_url: str
-    # Bytes of payload and fields one entry may take; a larger message goes to dead.
-    redis_max_message_size: int
-    # Redis to deliver to: redis://[user:password@]host:port/db (rediss:// for TLS).
-    redis_url: str
     # AWS region of the queue or topic. Default: from the queue URL or topic ARN, else the AWS config c...
     region: str
     # Deliver these event types (names or globs) to their own destination: EVENT_TYPES=DESTINATION, rep...
@@ -300,8 +290,6 @@ class ReplayOptions(TypedDict, total=False):
     sqs_sdk_attempts: int
     # PostgreSQL cancels a statement of the replay's session that runs longer (0s: off); the plan, take...
     statement_timeout: timedelta | float | str
-    # The stream each message is added to (XADD); it must exist.
-    stream: str
     # JetStream subject to publish to; may name {aggregate_type}, {aggregate_id} and {event_type} (orde...
     subject: str
     # Name of the outbox table.

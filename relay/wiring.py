@@ -14,6 +14,7 @@ from relay.adapters.registry import broker_options, create_publisher, options_by
 from relay.config import CORE_OPTIONS, GRANT_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS
 from relay.contract import Publisher, PublishLimits
 from relay.errors import ConfigError
+from relay.operator_options import OPERATOR_OPTIONS
 from relay.options import source_of
 from relay.routes import FAMILIES, ROUTES_OPTION, Router, default_destination, parse_routes, shown_destination
 from relay.routing import RoutedPublisher
@@ -21,11 +22,14 @@ from relay.routing import RoutedPublisher
 BROKER_OPTIONS = broker_options()
 # Every option `relay start` takes (and relay.Relay): one list, one validation.
 START_ALL = (*CORE_OPTIONS, *START_OPTIONS, ROUTES_OPTION, *OPERATE_OPTIONS, *LOG_OPTIONS, *BROKER_OPTIONS)
-# Every RELAY_* variable some command reads: each option's (those of `relay start` and
-# `relay migrate`'s grants; the other commands take a subset), --config's RELAY_CONFIG,
-# and the console's token (relay.cli.console.TOKEN_ENV), which is no option: it never
-# goes through a flag. A variable not in here is reported (relay.options.unknown_variables).
-VARIABLES = frozenset({o.env for o in (*START_ALL, *GRANT_OPTIONS)} | {"RELAY_CONFIG", "RELAY_CONSOLE_TOKEN"})
+# Every declared setting, whichever command reads it: the keys a config file may hold (one
+# file serves relay start and the operator commands alike).
+ALL_OPTIONS = (*START_ALL, *GRANT_OPTIONS, *OPERATOR_OPTIONS)
+# Every RELAY_* variable some command reads: each option's that reads one, --config's
+# RELAY_CONFIG, and the console's token (relay.cli.console.TOKEN_ENV), which is no option:
+# it never goes through a flag. A variable not in here is reported
+# (relay.options.unknown_variables).
+VARIABLES = frozenset({o.env for o in ALL_OPTIONS if o.reads_env} | {"RELAY_CONFIG", "RELAY_CONSOLE_TOKEN"})
 # The brokers whose adapters take each broker option (the AWS region: sqs and sns).
 _TAKEN_BY: dict[str, frozenset[str]] = {
     o.dest: frozenset(b for b, own in options_by_broker().items() if o in own) for o in BROKER_OPTIONS

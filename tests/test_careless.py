@@ -233,11 +233,6 @@ def test_every_variable_a_command_reads_is_known() -> None:
     assert {o.env for o in ALL_OPTIONS if o.reads_env} - operators | {TOKEN_ENV, "RELAY_CONFIG"} <= VARIABLES
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="relay.wiring.VARIABLES (what relay start and Relay(...) warn with) does not yet hold the operator"
-    " commands' variables (relay.operator_options); wiring.py is outside branch i39-cliopts",
-)
 def test_relay_start_knows_the_operator_commands_variables() -> None:
     # RELAY_CONSOLE_PORT in relay start's environment (one env file for a deployment) is
     # read by relay console: "no setting of the relay has that name" would be untrue.

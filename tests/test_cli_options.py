@@ -250,12 +250,6 @@ def test_every_operator_option_with_a_variable_has_a_table() -> None:
             assert o.section is not None and o.env.startswith(f"RELAY_{o.section.upper()}_"), o.dest
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="relay.embed checks a config file against relay start's options only (START_ALL), so the file the"
-    " operator commands share with it may not hold a [console] or [dead] table; embed.py is outside branch"
-    " i39-cliopts",
-)
 def test_relay_start_accepts_the_operator_commands_tables(tmp_path: Path) -> None:
     config = tmp_path / "relay.toml"
     config.write_text("[console]\nport = 9001\n[dead]\nlimit = 3\n")

@@ -20,10 +20,7 @@ import psycopg
 from relay import logs
 from relay.config import (
     CORE_OPTIONS,
-    GRANT_OPTIONS,
     LOG_OPTIONS,
-    OPERATE_OPTIONS,
-    START_OPTIONS,
     names_from,
     require_dsn,
 )
@@ -32,27 +29,12 @@ from relay.db.rows import Conn
 from relay.db.session import check_schema, connect
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
-from relay.operator_options import OPERATOR_OPTIONS
 from relay.options import Option, SizeOption, check_file_keys, load_file, resolve, unknown_variables
-from relay.routes import ROUTES_OPTION
 from relay.sizes import format_size
-from relay.wiring import BROKER_OPTIONS, VARIABLES, publisher_for
+from relay.wiring import ALL_OPTIONS, BROKER_OPTIONS, VARIABLES, publisher_for
 
-# Every declared setting: the keys a config file may hold, whichever command reads it.
-ALL_OPTIONS = (
-    *CORE_OPTIONS,
-    *START_OPTIONS,
-    ROUTES_OPTION,
-    *OPERATE_OPTIONS,
-    *GRANT_OPTIONS,
-    *LOG_OPTIONS,
-    *BROKER_OPTIONS,
-    *OPERATOR_OPTIONS,
-)
-# Every RELAY_* variable some command reads: relay.wiring's (relay start's and the grants')
-# and the operator commands' own (RELAY_CONSOLE_PORT, RELAY_DEAD_LIMIT). What the operator
-# commands warn about when set but read by none (configure_logging).
-KNOWN_VARIABLES = VARIABLES | {o.env for o in ALL_OPTIONS if o.reads_env}
+# What the operator commands warn about when set but read by none (configure_logging).
+KNOWN_VARIABLES = VARIABLES
 # The operator commands take --dsn, --schema, --table, --config, --log-level and
 # --log-format the way `relay migrate` does.
 OPS_OPTIONS = (*CORE_OPTIONS, *LOG_OPTIONS)
