@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from relay.options import DAY, HOUR, MINUTE, MS, SECOND, Option
+from relay.replay import MAX_EXCLUDED
 from relay.retention import DEFAULT_BATCH
 
 # ---- what several commands share: how they answer, and the record an action leaves
@@ -456,6 +457,45 @@ SETTINGS_SET_OPTIONS: tuple[Option, ...] = (
 )
 
 
+# ---- relay replay: what one replay publishes, and how (its broker and limits are
+# relay start's options, relay.compose.REPLAY_OPTIONS). Command-line only, each: a
+# selection, a run id or a destination in a shared file or variable would make every later
+# replay publish the same history again, or to the same place, silently.
+
+REPLAY_RUN_OPTIONS: tuple[Option, ...] = (
+    Option("replay_from_id", "str", None, "Only messages with this id or above.", flag_name="--from-id",
+           metavar="ID", cli_only=True),
+    Option("replay_to_id", "str", None, "Only messages with this id or below.", flag_name="--to-id",
+           metavar="ID", cli_only=True),
+    Option("replay_since", "str", None, "Only messages created at or after WHEN: a duration ago (2h) or an ISO"
+           " time (local unless offset given).", flag_name="--since", metavar="WHEN", cli_only=True),
+    Option("replay_until", "str", None, "Only messages created before WHEN.", flag_name="--until",
+           metavar="WHEN", cli_only=True),
+    Option("replay_aggregates", "list", (), "Only this aggregate id (repeatable).", flag_name="--aggregate",
+           param_name="aggregates", metavar="ID", cli_only=True),
+    Option("replay_event_types", "list", (), "Only this event type or glob (repeatable).",
+           flag_name="--event-type", param_name="event_types", metavar="TYPE", cli_only=True),
+    Option("replay_include_dead", "bool", False, "Dead messages too (by default only delivered ones).",
+           flag_name="--include-dead", cli_only=True),
+    Option("replay_include_skipped", "bool", False, "Messages an operator skipped too (relay dead skip: never"
+           " delivered, and left out by default).", flag_name="--include-skipped", cli_only=True),
+    Option("replay_exclude", "list", (), f"Never replay these ids (comma-separated, repeatable; at most"
+           f" {MAX_EXCLUDED:,}), whatever else selects them.", flag_name="--exclude", param_name="exclude_lists",
+           metavar="1,2,3", cli_only=True),
+    Option("replay_skip_failed", "bool", False, "Leave out a message that cannot be replayed and go on with the"
+           " rest of its aggregate (by default its aggregate stops there, as a dead head stops it live).",
+           flag_name="--skip-failed", cli_only=True),
+    Option("replay_to", "str", None, "Send everything to this destination of the broker (a queue URL, topic ARN"
+           " or exchange), ignoring routes.", flag_name="--to", param_name="to_destination", metavar="DESTINATION",
+           cli_only=True),
+    Option("replay_rate", "str", None, "Publish at most N messages per second (500, 500/s, 3000/m).",
+           flag_name="--rate", metavar="N/s", cli_only=True),
+    Option("replay_run_id", "str", None, "The `replay` header's value (default: the start time and a random"
+           " suffix); a resumed replay keeps its own.", flag_name="--run-id", metavar="ID", cli_only=True),
+    replace(DRY_RUN, help="Print what would be replayed; publish nothing."),
+)  # fmt: skip
+
+
 def _each_once(*options: Option) -> tuple[Option, ...]:
     """``options`` without a second declaration of a dest: the first stays (JSON, DRY_RUN, BY
     and REASON, listed first, rather than a command's rewording of their help)."""
@@ -478,6 +518,7 @@ OPERATOR_OPTIONS: tuple[Option, ...] = _each_once(
     *DEAD_LIST_OPTIONS,
     *DEAD_SELECT_OPTIONS,
     *PRUNE_OPTIONS,
+    *REPLAY_RUN_OPTIONS,
     *RELEASE_OWN_OPTIONS,
     *SETTINGS_SET_OPTIONS,
 )

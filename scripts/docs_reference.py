@@ -61,6 +61,7 @@ from relay.operator_options import (
     PRUNE_OPTIONS,
     REASON,
     RELEASE_OWN_OPTIONS,
+    REPLAY_RUN_OPTIONS,
     SETTINGS_SET_OPTIONS,
     STATUS_OPTIONS,
 )
@@ -381,6 +382,12 @@ def _operator_groups() -> Iterator[OptionGroup]:
         _own((*DEAD_FILTER_OPTIONS, *DEAD_LIST_OPTIONS, *DEAD_SELECT_OPTIONS)),
     )
     yield OptionGroup("settings-prune", "`relay prune`", "What a run of `relay prune` deletes.", _own(PRUNE_OPTIONS))
+    yield OptionGroup(
+        "settings-replay",
+        "`relay replay`",
+        "What one run of `relay replay` publishes again, and how; its broker and limits are `relay start`'s.",
+        _own(REPLAY_RUN_OPTIONS),
+    )
     yield OptionGroup(
         "settings-release", "`relay release`", "Whose leases `relay release` hands back.", _own(RELEASE_OWN_OPTIONS)
     )

@@ -39,37 +39,15 @@ from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, 
 ROOT = Path(__file__).resolve().parent.parent
 NO_DB = "postgresql://nobody@127.0.0.1:1/never"  # refused before any connection
 
-# The click options that are not made from a declared Option, each with its reason. Every
+# The click options that are not made from a declared Option, each with its reason: every
 # command takes --config (the file the others are read from: it cannot sit in itself), and
-# the group --version. relay replay's own flags are the only others: relay/cli/replay.py is
-# being reworked on another branch (issue 39, item 2: one composition root), which declares
-# them there.
+# the group --version.
 PLAIN_OPTIONS: dict[tuple[str, str], str] = {
     ("*", "config_path"): "--config names the file",
     ("relay", "version"): "click's --version",
-    **{
-        ("relay replay", name): "relay/cli/replay.py is outside this branch"
-        for name in (
-            "from_id",
-            "to_id",
-            "since",
-            "until",
-            "aggregates",
-            "event_types",
-            "include_dead",
-            "include_skipped",
-            "exclude_lists",
-            "skip_failed",
-            "to_destination",
-            "rate",
-            "run_id",
-            "dry_run",
-        )
-    },
 }
-# Where `click.option(` may be written: the engine's attachment (with_options, --config),
-# and relay replay's flags until they are declared (above).
-CLICK_OPTION_FILES = {"relay/cli/common.py", "relay/cli/replay.py"}
+# Where `click.option(` may be written: the engine's attachment (with_options, --config).
+CLICK_OPTION_FILES = {"relay/cli/common.py"}
 
 
 def commands(group: click.Command = cli, path: str = "relay") -> Iterator[tuple[str, click.Command]]:

@@ -31,6 +31,7 @@ from relay.dsn import mask
 from relay.durations import format_duration, parse_moment
 from relay.errors import ConfigError, shown
 from relay.ids import parse_id_list, parse_outbox_id
+from relay.operator_options import REPLAY_RUN_OPTIONS
 from relay.replay import (
     MAX_EXCLUDED,
     MAX_ID,
@@ -52,54 +53,7 @@ EXIT_BAD_INPUT = 2  # a dry run that found a destination missing
 
 
 @click.command("replay")
-@click.option("--from-id", "from_id", default=None, metavar="ID", help="Only messages with this id or above.")
-@click.option("--to-id", "to_id", default=None, metavar="ID", help="Only messages with this id or below.")
-@click.option(
-    "--since",
-    default=None,
-    metavar="WHEN",
-    help="Only messages created at or after WHEN: a duration ago (2h) or an ISO time (local unless offset given).",
-)
-@click.option("--until", default=None, metavar="WHEN", help="Only messages created before WHEN.")
-@click.option("--aggregate", "aggregates", multiple=True, metavar="ID", help="Only this aggregate id (repeatable).")
-@click.option(
-    "--event-type", "event_types", multiple=True, metavar="TYPE", help="Only this event type or glob (repeatable)."
-)
-@click.option("--include-dead", is_flag=True, help="Dead messages too (by default only delivered ones).")
-@click.option(
-    "--include-skipped",
-    is_flag=True,
-    help="Messages an operator skipped too (relay dead skip: never delivered, and left out by default).",
-)
-@click.option(
-    "--exclude",
-    "exclude_lists",
-    multiple=True,
-    metavar="1,2,3",
-    help=f"Never replay these ids (comma-separated, repeatable; at most {MAX_EXCLUDED:,}), whatever else selects them.",
-)
-@click.option(
-    "--skip-failed",
-    is_flag=True,
-    help="Leave out a message that cannot be replayed and go on with the rest of its aggregate"
-    " (by default its aggregate stops there, as a dead head stops it live).",
-)
-@click.option(
-    "--to",
-    "to_destination",
-    default=None,
-    metavar="DESTINATION",
-    help="Send everything to this destination of the broker (a queue URL, topic ARN or exchange), ignoring routes.",
-)
-@click.option("--rate", default=None, metavar="N/s", help="Publish at most N messages per second (500, 500/s, 3000/m).")
-@click.option(
-    "--run-id",
-    default=None,
-    metavar="ID",
-    help="The `replay` header's value (default: the start time and a random suffix); a resumed replay keeps its own.",
-)
-@click.option("--dry-run", is_flag=True, help="Print what would be replayed; publish nothing.")
-@with_options(REPLAY_OPTIONS)
+@with_options((*REPLAY_RUN_OPTIONS, *REPLAY_OPTIONS))
 def replay_cmd(
     from_id: str | None,
     to_id: str | None,
@@ -107,14 +61,14 @@ def replay_cmd(
     until: str | None,
     aggregates: tuple[str, ...],
     event_types: tuple[str, ...],
-    include_dead: bool,
-    include_skipped: bool,
+    include_dead: bool | None,
+    include_skipped: bool | None,
     exclude_lists: tuple[str, ...],
-    skip_failed: bool,
+    skip_failed: bool | None,
     to_destination: str | None,
     rate: str | None,
     run_id: str | None,
-    dry_run: bool,
+    dry_run: bool | None,
     **cli_values: Any,
 ) -> None:
     """Publish finished messages again (to a new consumer, or after a consumer lost them),
@@ -137,8 +91,8 @@ def replay_cmd(
         until=parse_moment(until, "--until", now),
         aggregates=aggregates,
         event_types=tuple(t.strip() for t in event_types),
-        include_dead=include_dead,
-        include_skipped=include_skipped,
+        include_dead=bool(include_dead),
+        include_skipped=bool(include_skipped),
         excluded=tuple(parse_id_list(exclude_lists, "--exclude", MAX_EXCLUDED)),
     ).check()
     per_second = _rate(rate)
@@ -148,13 +102,13 @@ def replay_cmd(
         run_id=run_id,
         to=to_destination,
         rate=per_second,
-        skip_failed=skip_failed,
+        skip_failed=bool(skip_failed),
         environ=os.environ,
         config=config_path,
         **cli_values,
     )
     logs.configure(replay.parts.log.level, replay.parts.log.format)  # its warnings are logged when it starts
-    resume = _Resume(selection, replay.run_id, rate, to_destination, skip_failed)
+    resume = _Resume(selection, replay.run_id, rate, to_destination, bool(skip_failed))
 
     async def run_replay() -> int:
         async with replay:
