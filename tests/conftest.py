@@ -4,7 +4,8 @@ The broker fixtures (``amqp``, ``rabbit``, ``ctl``, ``proxy``; ``moto_endpoint``
 ``sqs_client``, ``make_queue``; ``sns_client``, ``make_topic``; ``pg_pair``, a primary and
 its synchronous standby; ``console_factory``, the web console on a loopback port) live
 beside the services they stand for and are registered here as plugins, so a test module
-names them as parameters and never imports them.
+names them as parameters and never imports them. tests/service_split.py marks each test
+that needs one of them (or PostgreSQL) ``integration``; the others are unit tests.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ pytest_plugins = (
     "tests.nats_server",
     "tests.console_seed",
     "tests.http_receiver",
+    "tests.service_split",
 )
 
 
