@@ -1,4 +1,5 @@
-# outbox-relay: `make test` runs the suite, `make demo` runs the relay end to end.
+# outbox-relay: `make test` runs the suite (`make test-unit` the tests that need no service),
+# `make demo` runs the relay end to end.
 # Each target creates the virtual environment it needs (.venv) on first use.
 
 VENV    ?= .venv
@@ -27,7 +28,7 @@ RUN_DSN ?= postgresql://postgres@127.0.0.1:5432/test
 RUN_BROKER ?= log
 
 PHONY_EXAMPLES := example-producer example-consumer
-.PHONY: $(PHONY_EXAMPLES) venv bytecode docs docs-reference run test test-all image wheels image-test test-faults lint format demo bench bench-rabbitmq bench-sqs bench-console soak console-screenshots clean
+.PHONY: $(PHONY_EXAMPLES) venv bytecode docs docs-reference run test test-unit test-all image wheels image-test test-faults lint format demo bench bench-rabbitmq bench-sqs bench-console soak console-screenshots clean
 
 # Destinations outside the relay's package, installed beside it as a third party's would be
 # (each declares itself in the entry-point group outbox_relay.destinations): the suite tests
@@ -94,6 +95,19 @@ test: bytecode
 	$(BIN)/pytest -m "(faults or serial) and not extended and not image" $(PYTEST_ARGS); rc2=$$?; \
 	if [ $$rc2 -eq 5 ]; then echo "make test: pytest collected no fault tests" >&2; exit 1; fi; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$rc2
+
+# The tests that need no service, on two processes, in well under a minute. What needs one
+# (PostgreSQL, RabbitMQ, moto, the Kafka-protocol broker, NATS, a second PostgreSQL cluster,
+# and every receiver or relay process that writes to one) is marked `integration` by
+# tests/conftest.py from the test's fixtures (tests/services.py names the service fixtures),
+# so nobody marks a test by hand. No service is looked for: the test variables are cleared
+# and a service fixture fails rather than skips, so a unit test that reaches for one fails
+# (.ci/run runs this in a network namespace where nothing listens). The image test has its
+# own target (image-test).
+test-unit: bytecode
+	@env -u RELAY_TEST_DSN -u RELAY_TEST_AMQP_URL -u RELAY_TEST_NATS_URL RELAY_TEST_REQUIRE_SERVICES=1 \
+	  $(BIN)/pytest -n 2 -m "not integration and not image" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-unit: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The container image (Containerfile): `make image` builds it here with buildah on a
 # debootstrap base (root, Debian's buildah and debootstrap; scripts/image.sh), `make wheels`

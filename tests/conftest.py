@@ -1,10 +1,12 @@
 """Fixtures: a real PostgreSQL, one fresh schema per test, and helpers to fill the outbox.
 
 The broker fixtures (``amqp``, ``rabbit``, ``ctl``, ``proxy``; ``moto_endpoint``,
-``sqs_client``, ``make_queue``; ``sns_client``, ``make_topic``; ``pg_pair``, a primary and
-its synchronous standby; ``console_factory``, the web console on a loopback port) live
-beside the services they stand for and are registered here as plugins, so a test module
-names them as parameters and never imports them.
+``sqs_client``, ``make_queue``; ``sns_client``, ``make_topic``; ``aws_kind`` and ``aws``,
+SQS and SNS side by side; ``pg_pair``, a primary and its synchronous standby;
+``console_factory``, the web console on a loopback port) live beside the services they
+stand for and are registered here as plugins, so a test module names them as parameters
+and never imports them. tests/service_split.py marks each test that needs one of them
+(or PostgreSQL) ``integration``; the others are unit tests.
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ pytest_plugins = (
     "tests.rabbitmq_broker",
     "tests.sqs_server",
     "tests.sns_server",
+    "tests.aws_destinations",
     "tests.pg_clusters",
     "tests.kafka_broker",
     "tests.nats_server",
     "tests.console_seed",
     "tests.http_receiver",
+    "tests.service_split",
 )
 
 

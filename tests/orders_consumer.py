@@ -1,7 +1,8 @@
 """A consumer for tests/test_pipeline_inbox.py, run in its own process (and killed now and
 then): ``relay.Consumer`` on an aio-pika queue with a prefetch of 50, a connection per
 message from a pool, ``relay.Inbox`` in its own database, and each event's effect a row of
-``effects`` written in the same transaction as the receipt.
+``effects`` (with the ``aggregate_seq`` the event came with) written in the same
+transaction as the receipt.
 
 ``effects`` has no unique key on purpose: an effect applied twice shows as two rows, and
 its ``applied`` column (a sequence) is the order the effects were applied in.
@@ -26,13 +27,17 @@ from relay import Consumer, Inbox, Received
 
 SCHEMA = os.environ["CONSUMER_SCHEMA"]
 INSERT = sql.SQL(
-    "INSERT INTO {}.effects (ref, aggregate_id, event_type, version, event_id) VALUES (%s, %s, %s, %s, %s)"
+    "INSERT INTO {}.effects (ref, aggregate_id, event_type, version, aggregate_seq, event_id)"
+    " VALUES (%s, %s, %s, %s, %s, %s)"
 ).format(sql.Identifier(SCHEMA))
 
 
 async def record(conn: psycopg.AsyncConnection[Any], event: Received) -> None:
     body = event.payload()
-    await conn.execute(INSERT, (body["ref"], event.aggregate_id, event.event_type, body["version"], event.event_id))
+    await conn.execute(
+        INSERT,
+        (body["ref"], event.aggregate_id, event.event_type, body["version"], event.aggregate_seq, event.event_id),
+    )
 
 
 async def main() -> None:

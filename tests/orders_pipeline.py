@@ -10,8 +10,8 @@ versions read under the lock; the order in which the test issued the unlocked pr
 COMMITs, one at a time), against the consumer's own record of what it applied, in the
 order it applied it.
 
-(tests/test_pipeline_inbox.py runs tests/orders_consumer.py through a copy of this harness
-of its own; tests/test_consumer_example.py runs examples/consumer.py through this one.)
+tests/test_pipeline_inbox.py runs tests/orders_consumer.py (``relay.Inbox``) through it,
+tests/test_consumer_example.py examples/consumer.py.
 """
 
 from __future__ import annotations

@@ -22,9 +22,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built by pip with the build backend of the test environment (hatchling,
+    a dev dependency): an isolated build would fetch the backend from the package index,
+    and the first test here is a unit test, which runs with no network."""
     out = tmp_path_factory.mktemp("wheel")
+    build = ("wheel", "--no-deps", "--no-build-isolation", "--quiet", "--wheel-dir", str(out), str(ROOT))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", *build],
         check=True,
         capture_output=True,
         text=True,
