@@ -37,6 +37,8 @@ SERVICE_FIXTURES: frozenset[str] = frozenset(
         "kafka",  # the Kafka-protocol broker, shared (tests/kafka_broker.py)
         "own_kafka",  # the same, one of the test's own (tests/kafka_broker.py)
         "nats_url",  # NATS with JetStream (tests/nats_server.py)
+        "redis_stream",  # Redis, for the installed destination (tests/test_installed_destinations.py)
+        "redis_client",  # the same, its conformance suite (tests/plugins/redis_streams/tests/)
     }
 )
 
