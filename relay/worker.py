@@ -33,10 +33,27 @@ log = logging.getLogger("relay.worker")
 
 T = TypeVar("T")
 
-# A worker that finds full batches runs the ingest and the reaper at most this often;
-# one that finds less runs them on every claim. Ten times a second per worker keeps new
-# aggregates and expired leases waiting well under the poll interval.
+# While claims come back full, the ingest and the reaper run at most this often in a
+# process (one claim of one worker carries them); a claim that finds less runs them
+# itself. Ten times a second keeps new aggregates and expired leases waiting well under
+# the poll interval, and spares the busy process the five statements they take.
 HOUSEKEEPING_INTERVAL_S = 0.1
+
+
+class Housekeeping:
+    """When a process's workers last ran the reaper and the ingest (shared by them)."""
+
+    def __init__(self) -> None:
+        self.last = float("-inf")
+
+    def due(self, now: float, *, busy: bool) -> bool:
+        """Whether a claim at ``now`` carries them: always unless ``busy`` (the worker's
+        last claim came back full and the last ingest kept up), else once an interval;
+        a claim that carries them takes the turn."""
+        if busy and now - self.last < HOUSEKEEPING_INTERVAL_S:
+            return False
+        self.last = now
+        return True
 
 
 def lease_margin(lease: timedelta) -> timedelta:
@@ -156,7 +173,8 @@ class Shared:
     whole batch stops every worker's claims), one oversize turn (one message over
     ``batch_bytes`` in flight), one publish turn (a batch that failed as a whole is
     published apart while nothing else publishes), the metrics, the tracing, and the
-    process's presence row (only when it LISTENs). A worker made without one gets its own."""
+    process's presence row (only when it LISTENs), and the housekeeping's clock. A worker
+    made without one gets its own."""
 
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     metrics: MetricsSink | None = None
@@ -164,6 +182,7 @@ class Shared:
     turns: PublishTurns = field(default_factory=PublishTurns)
     tracing: Tracing | None = None
     presence: Presence | None = None
+    housekeeping: Housekeeping = field(default_factory=Housekeeping)
 
 
 class Worker:
@@ -195,9 +214,8 @@ class Worker:
         self.presence = shared.presence
         self.tracing = shared.tracing or NO_TRACING
         self.turns = shared.turns
+        self.housekeeping = shared.housekeeping
         self.stats = WorkerStats()
-        self._ordered_first = True
-        self._last_housekeeping = float("-inf")
         self._saturated = False  # the last claim came back full
         self._ingest_behind = False  # the last ingest took a whole turn; run the next one at once
 
@@ -393,11 +411,7 @@ class Worker:
         Rows that cannot become messages go to dead at once. Returns the batch and how many
         rows were leased, unreadable ones included."""
         started = time.monotonic()
-        housekeeping = (
-            not self._saturated or self._ingest_behind or started - self._last_housekeeping >= HOUSEKEEPING_INTERVAL_S
-        )
-        if housekeeping:
-            self._last_housekeeping = started
+        housekeeping = self.housekeeping.due(started, busy=self._saturated and not self._ingest_behind)
         batch_size = min(limit or self.config.batch_size, self.config.batch_size)
         # Only the worker holding the process's turn may claim a message over the budget.
         oversize = budget is None and self.oversize.take(self.owner)
@@ -410,7 +424,6 @@ class Worker:
                     oversize=oversize,
                     lease=self.config.lease,
                     max_attempts=self.config.policy.max_attempts,
-                    ordered_first=self._ordered_first,
                     housekeeping=housekeeping,
                 )
                 span.claimed(
@@ -432,7 +445,6 @@ class Worker:
             else:
                 self.oversize.release(self.owner)  # not needed after all: another worker may have it
         self.metrics.observe_claim(time.monotonic() - started)
-        self._ordered_first = not self._ordered_first
         leased = len(claim.messages) + len(claim.unreadable)
         self._saturated = leased >= batch_size
         if leased and self.presence is not None:
@@ -576,28 +588,31 @@ class Worker:
                 await asyncio.sleep(delay)
         if failures:
             log.info("finalize recorded after %d retries", failures)
+        # Counted by (event type, kind), one metrics call each: a batch is mostly one or two.
+        counts: dict[tuple[str, Kind], int] = {}
         for d in decisions:
-            fields = d.message.log_fields()
-            if d.message.id in refused:
+            if refused and d.message.id in refused:
                 self.stats.lost_leases += 1
                 self.metrics.lost_lease()
                 log.warning(
                     "lost lease: finalize refused, the row belongs to a newer claim",
-                    extra={**fields, "outcome": d.kind},
+                    extra={**d.message.log_fields(), "outcome": d.kind},
                 )
                 continue
-            self._count(d)
+            key = (d.message.event_type, d.kind)
+            counts[key] = counts.get(key, 0) + 1
+            if d.kind == "published":
+                continue
             if d.kind == "dead":
-                log.error("message sent to dead: %s", d.error, extra=fields)
+                log.error("message sent to dead: %s", d.error, extra=d.message.log_fields())
             elif d.kind == "retried":
-                log.info("message rescheduled in %.1fs: %s", d.delay_s, d.error, extra=fields)
+                log.info("message rescheduled in %.1fs: %s", d.delay_s, d.error, extra=d.message.log_fields())
             elif d.kind == "deferred":
-                log.info("message deferred for %.1fs: %s", d.delay_s, d.error, extra=fields)
-
-    def _count(self, d: Decision) -> None:
-        # WorkerStats has one counter per Decision kind, named as the kind.
-        setattr(self.stats, d.kind, getattr(self.stats, d.kind) + 1)
-        self.metrics.messages(d.message.event_type, d.kind)
+                log.info("message deferred for %.1fs: %s", d.delay_s, d.error, extra=d.message.log_fields())
+        for (event_type, kind), n in counts.items():
+            # WorkerStats has one counter per Decision kind, named as the kind.
+            setattr(self.stats, kind, getattr(self.stats, kind) + n)
+            self.metrics.messages(event_type, kind, n)
 
 
 async def to_the_end(work: Awaitable[T]) -> T:

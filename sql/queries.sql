@@ -199,10 +199,23 @@ SELECT (SELECT count(*) FROM based) AS planned,
                  ORDER BY b.aggregate_id
                  LIMIT 5) AS l) AS late;
 
--- claim_unordered --
--- Lease a batch of ready rows of unordered event types (plain SKIP LOCKED), in claim order while their payloads fit the byte budget. With oversize, the first row is taken whatever its size; without, rows over the budget are passed over (another worker of the process holds one already).
-WITH candidates AS (
-    SELECT o.id, o.available_at, s.bytes
+-- claim --
+-- Lease a batch: ready heads of ordered aggregates (the earliest unfinished ordered row of each, never a row behind a pending, processing or dead one) and ready rows of unordered types (plain SKIP LOCKED), the oldest ready first whichever way they come, while their payloads fit the byte budget. With oversize, the first row is taken whatever its size; without, rows over the budget are passed over (another worker of the process holds one already). One statement: on its own (autocommit) it is one round trip and atomic.
+WITH heads AS (
+    SELECT h.aggregate_id, h.head_id AS id, h.ready_at AS ready, s.bytes
+      FROM {q_heads} AS h,
+           -- A probe of the head's row (a head whose row is not pending, which should not
+           -- happen, costs nothing and is held as before; its row is not claimed below).
+           LATERAL (SELECT coalesce((SELECT coalesce(o.payload_bytes, pg_column_size(o.payload))
+                                       FROM {outbox} AS o
+                                      WHERE o.id = h.head_id AND o.status = 'pending'), 0) AS bytes) AS s
+     WHERE h.ready_at <= now()
+       AND (%(oversize)s OR s.bytes <= %(budget)s)
+     ORDER BY h.ready_at
+     LIMIT %(batch)s
+       FOR UPDATE OF h SKIP LOCKED
+), plain AS (
+    SELECT o.id, o.available_at AS ready, s.bytes
       FROM {outbox} AS o,
            -- Measured by the insert trigger; rows written before 0006, or with triggers
            -- off, by their stored size (read without detoasting: a compressed payload
@@ -216,61 +229,26 @@ WITH candidates AS (
      LIMIT %(batch)s
        FOR UPDATE OF o SKIP LOCKED
 ), picked AS (
-    SELECT c.id, c.bytes
-      FROM (SELECT c.id, c.bytes,
-                   sum(c.bytes) OVER (ORDER BY c.available_at, c.id ROWS UNBOUNDED PRECEDING) AS running,
-                   row_number() OVER (ORDER BY c.available_at, c.id) AS n
-              FROM candidates AS c) AS c
-     WHERE c.running <= %(budget)s
-        OR (c.n = 1 AND %(oversize)s)
-)
-UPDATE {outbox} AS o
-   SET status        = 'processing',
-       lease_owner   = %(owner)s,
-       lease_until   = now() + %(lease)s,
-       lease_version = o.lease_version + 1,
-       attempts      = o.attempts + 1
-  FROM picked
- WHERE o.id = picked.id
--- A payload over the budget is left to payload_of, on a connection of its own (see OutboxStore.claim).
-RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type,
-          CASE WHEN picked.bytes <= %(budget)s THEN o.payload END AS payload,
-          o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
-          false AS ordered, o.aggregate_seq, picked.bytes, o.headers,
-          {q_event_id}(o.event_id, o.id, o.xid, o.created_at) AS event_id, o.aggregate_epoch;
-
--- claim_ordered --
--- Lease ready heads of aggregates: the earliest unfinished ordered row of each, never a row behind a pending, processing or dead one; in claim order while their payloads fit the byte budget, the first whatever its size with oversize (as claim_unordered).
-WITH candidates AS (
-    SELECT h.aggregate_id, h.head_id, h.ready_at, s.bytes
-      FROM {q_heads} AS h,
-           -- A probe of the head's row (a head whose row is not pending, which should not
-           -- happen, costs nothing and is held as before; its row is not claimed below).
-           LATERAL (SELECT coalesce((SELECT coalesce(o.payload_bytes, pg_column_size(o.payload))
-                                       FROM {outbox} AS o
-                                      WHERE o.id = h.head_id AND o.status = 'pending'), 0) AS bytes) AS s
-     WHERE h.ready_at <= now()
-       AND (%(oversize)s OR s.bytes <= %(budget)s)
-     ORDER BY h.ready_at
-     LIMIT %(batch)s
-       FOR UPDATE OF h SKIP LOCKED
-), picked AS (
-    SELECT c.aggregate_id, c.head_id, c.bytes
-      FROM (SELECT c.aggregate_id, c.head_id, c.bytes,
-                   sum(c.bytes) OVER (ORDER BY c.ready_at, c.aggregate_id ROWS UNBOUNDED PRECEDING) AS running,
-                   row_number() OVER (ORDER BY c.ready_at, c.aggregate_id) AS n
-              FROM candidates AS c) AS c
-     WHERE c.running <= %(budget)s
-        OR (c.n = 1 AND %(oversize)s)
+    -- Both kinds in one line by readiness, so that neither waits behind the other; a row
+    -- locked above and not picked is free again when this statement ends.
+    SELECT c.aggregate_id, c.id, c.bytes
+      FROM (SELECT c.aggregate_id, c.id, c.bytes,
+                   sum(c.bytes) OVER (ORDER BY c.ready, c.id ROWS UNBOUNDED PRECEDING) AS running,
+                   row_number() OVER (ORDER BY c.ready, c.id) AS n
+              FROM (SELECT aggregate_id, id, ready, bytes FROM heads
+                    UNION ALL
+                    SELECT NULL, id, ready, bytes FROM plain) AS c) AS c
+     WHERE c.n <= %(batch)s
+       AND (c.running <= %(budget)s OR (c.n = 1 AND %(oversize)s))
 ), held AS (
     -- An array, not a join: the planner then probes the primary key for each picked head
     -- instead of hashing the whole heads table (10,000 blocked aggregates made it do that).
     UPDATE {q_heads} AS h
        SET ready_at = NULL
-     WHERE h.aggregate_id = ANY (ARRAY(SELECT aggregate_id FROM picked))
+     WHERE h.aggregate_id = ANY (ARRAY(SELECT aggregate_id FROM picked WHERE aggregate_id IS NOT NULL))
 ), quiet AS (
     -- The heads are leased right here, so the heads trigger may skip this transaction's
-    -- claims (the reaper ran before this, with the trigger on).
+    -- statements from here on (the reaper, when it runs, ran before this with it on).
     SELECT set_config('outbox_relay.claiming', 'on', true) AS flag
 )
 UPDATE {outbox} AS o
@@ -280,13 +258,15 @@ UPDATE {outbox} AS o
        lease_version = o.lease_version + 1,
        attempts      = o.attempts + 1
   FROM picked, quiet
- WHERE o.id = picked.head_id
+ WHERE o.id = picked.id
    AND o.status = 'pending'
+-- A payload over the budget is left to payload_of, on a connection of its own (see OutboxStore.claim).
+-- event_id as text: the message carries it as a string, and text is the cheapest to read.
 RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type,
           CASE WHEN picked.bytes <= %(budget)s THEN o.payload END AS payload,
           o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
-          true AS ordered, o.aggregate_seq, picked.bytes, o.headers,
-          {q_event_id}(o.event_id, o.id, o.xid, o.created_at) AS event_id, o.aggregate_epoch;
+          o.ordered, o.aggregate_seq, picked.bytes, o.headers,
+          {q_event_id}(o.event_id, o.id, o.xid, o.created_at)::text AS event_id, o.aggregate_epoch;
 
 -- payload_of --
 -- The payload of one claimed row that was over the byte budget, while the lease is still ours.

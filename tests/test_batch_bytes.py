@@ -52,7 +52,7 @@ def blob(size: int, *, compressible: bool = True) -> dict[str, str]:
 
 
 async def claim_messages(
-    store: OutboxStore, batch_bytes: int, batch: int = 100, ordered_first: bool = True, oversize: bool = True
+    store: OutboxStore, batch_bytes: int, batch: int = 100, oversize: bool = True
 ) -> list[OutboxMessage]:
     got = await store.claim(
         owner="w",
@@ -61,13 +61,12 @@ async def claim_messages(
         oversize=oversize,
         lease=LEASE,
         max_attempts=3,
-        ordered_first=ordered_first,
     )
     return got.messages
 
 
-async def claim(store: OutboxStore, batch_bytes: int, batch: int = 100, ordered_first: bool = True) -> list[int]:
-    return [m.id for m in await claim_messages(store, batch_bytes, batch, ordered_first)]
+async def claim(store: OutboxStore, batch_bytes: int, batch: int = 100) -> list[int]:
+    return [m.id for m in await claim_messages(store, batch_bytes, batch)]
 
 
 # -- the claim ---------------------------------------------------------------------------
@@ -108,11 +107,11 @@ async def test_a_claim_without_the_oversize_turn_passes_over_large_payloads(make
     budget = 64 * 1024
     passed_over = await claim_messages(store, budget, oversize=False)
     assert sorted(m.id for m in passed_over) == [small_1, small_2, small_head]
-    # The large ones wait for a claim that may take one, each alone.
-    first = await claim_messages(store, budget, ordered_first=True)
-    second = await claim_messages(store, budget, ordered_first=True)
-    assert [m.id for m in first] == [big_head] and [m.id for m in second] == [big]
-    assert len(first[0].body) >= MB
+    # The large ones wait for a claim that may take one, each alone, the oldest first.
+    first = await claim_messages(store, budget)
+    second = await claim_messages(store, budget)
+    assert [m.id for m in first] == [big] and [m.id for m in second] == [big_head]
+    assert len(second[0].body) >= MB
 
 
 class InFlight:
@@ -178,23 +177,25 @@ async def test_the_ordered_claim_keeps_to_the_budget_and_leaves_the_other_heads_
     assert sorted(first + second + third) == ids
 
 
-async def test_both_strategies_share_one_budget_and_one_claim_takes_at_least_one_row(make_store: Store, db: Db) -> None:
+async def test_both_kinds_share_one_budget_oldest_first_and_one_claim_takes_at_least_one_row(
+    make_store: Store, db: Db
+) -> None:
     store = await make_store(OrderingMap(default_ordered=False, ordered=("Order*",)))
     o1, o2 = db.insert([("order-1", "OrderPlaced", blob(100 * KB)), ("order-2", "OrderPlaced", blob(100 * KB))])
     u1, u2 = db.insert([("u-1", "Viewed", blob(100 * KB)), ("u-2", "Viewed", blob(100 * KB))])
-    # The ordered claim takes 200 kB of 250 kB; the unordered one has 50 kB left: nothing fits.
-    assert sorted(await claim(store, 250 * KB, ordered_first=True)) == [o1, o2]
-    # Then the unordered claim goes first and takes one over the budget alone.
-    assert await claim(store, 64 * 1024, ordered_first=False) == [u1]
-    assert await claim(store, 64 * 1024, ordered_first=True) == [u2]
+    # The oldest two (ordered) take 200 kB of 250 kB; the next unordered one does not fit.
+    assert sorted(await claim(store, 250 * KB)) == [o1, o2]
+    # A claim takes the first ready row over the budget alone.
+    assert await claim(store, 64 * 1024) == [u1]
+    assert await claim(store, 64 * 1024) == [u2]
 
 
 async def test_small_rows_still_fill_batches_of_100_under_the_default_budget(make_store: Store, db: Db) -> None:
     store = await make_store(OrderingMap(default_ordered=False, ordered=("Order*",)))
     db.insert((f"u-{i}", "Viewed", {"i": i, "pad": "p" * 500}) for i in range(150))
     db.insert((f"order-{i}", "OrderPlaced", {"i": i, "pad": "p" * 500}) for i in range(150))
-    assert len(await claim(store, DEFAULT_BATCH_BYTES, ordered_first=True)) == 100
-    assert len(await claim(store, DEFAULT_BATCH_BYTES, ordered_first=False)) == 100
+    assert len(await claim(store, DEFAULT_BATCH_BYTES)) == 100
+    assert len(await claim(store, DEFAULT_BATCH_BYTES)) == 100
 
 
 async def test_rows_without_a_measured_size_are_counted_by_their_stored_size_and_an_edited_payload_is_remeasured(
