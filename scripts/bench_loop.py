@@ -4,6 +4,7 @@ machinery costs beyond its SQL.
     .venv/bin/python scripts/bench_loop.py                      # 100,000 rows, 3 rounds
     .venv/bin/python scripts/bench_loop.py --rows 20000 --rounds 1   # a smoke run
     .venv/bin/python scripts/bench_loop.py --profile            # also py-spy the relay (top entries)
+    .venv/bin/python scripts/bench_loop.py --source ../before   # the relay of another checkout
 
 Two legs, unordered and ordered, each over a fresh outbox of the same rows (``--rows`` over
 ``--aggregates`` aggregates, payloads of about 120 bytes):
@@ -62,13 +63,29 @@ class Result:
         return f"{self.rate:,.0f}/s (own {self.own_us:.0f} us, PG {self.pg_us:.0f} us)"
 
 
+def relay_command(source: str | None) -> tuple[list[str], dict[str, str]]:
+    """How to run `relay`: this checkout's, or (``source``) another checkout's package run
+    by this interpreter, for a before/after pair in one sitting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    if source is None:
+        return [RELAY], env
+    return [sys.executable, "-m", "relay.cli"], {**env, "PYTHONPATH": str(Path(source).resolve())}
+
+
 def relay_leg(
-    dsn: str, rows: int, aggregates: int, ordered: bool, workers: int, batch: int, profile: str | None
+    dsn: str,
+    rows: int,
+    aggregates: int,
+    ordered: bool,
+    workers: int,
+    batch: int,
+    profile: str | None,
+    source: str | None = None,
 ) -> Result:
     schema = f"bench_loop_{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    relay_cmd, env = relay_command(source)
     migrated = subprocess.run(
-        [RELAY, "migrate", "--dsn", dsn, "--schema", schema, "--ordering-default",
+        [*relay_cmd, "migrate", "--dsn", dsn, "--schema", schema, "--ordering-default",
          "ordered" if ordered else "unordered", "--no-notify"],
         capture_output=True, text=True, env=env, check=False,
     )  # fmt: skip
@@ -77,13 +94,19 @@ def relay_leg(
     table = sql.Identifier(schema, "outbox")
     try:
         fill(dsn, rows=rows, aggregates=aggregates, schemas=(schema,))
-        waiting = sql.SQL("SELECT count(*) FROM {} WHERE status IN ('pending', 'processing')").format(table)
-        moving = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE status = 'processing' OR status = 'done')").format(
-            table
-        )
+        # Polled every 20 ms while the relay drains, so each a few index probes (the
+        # relay's own partial indexes): a count of the pending rows was a scan of the whole
+        # table each time, and took as much of PostgreSQL as the ordered drain itself.
+        waiting = sql.SQL(
+            "SELECT EXISTS (SELECT 1 FROM {t} WHERE status = 'processing')"
+            " OR EXISTS (SELECT 1 FROM {t} WHERE status = 'pending' AND NOT ordered)"
+            " OR EXISTS (SELECT 1 FROM {t} WHERE ordered AND status = 'pending' AND aggregate_seq IS NOT NULL)"
+            " OR EXISTS (SELECT 1 FROM {t} WHERE ordered AND status = 'pending' AND aggregate_seq IS NULL)"
+        ).format(t=table)
+        moving = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE status = 'processing')").format(table)
         with tempfile.TemporaryFile("w+") as log, psycopg.connect(dsn, autocommit=True) as conn:
             relay = subprocess.Popen(
-                [RELAY, "start", "--dsn", dsn, "--schema", schema, "--broker", "log", "--workers", str(workers),
+                [*relay_cmd, "start", "--dsn", dsn, "--schema", schema, "--broker", "log", "--workers", str(workers),
                  "--batch-size", str(batch), "--log-level", "warning"],
                 stdout=subprocess.DEVNULL, stderr=log, env=env,
             )  # fmt: skip
@@ -151,6 +174,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--only", choices=("unordered", "ordered"))
     p.add_argument("--profile", action="store_true", help="py-spy the relay in the first round (raw stacks)")
+    p.add_argument("--source", help="run the relay package of this checkout instead (a before/after pair)")
     a = p.parse_args()
     kinds = [a.only == "ordered"] if a.only else [False, True]
     goals = {False: 0.9, True: 0.8}
@@ -163,7 +187,7 @@ def main() -> int:
         for r in range(a.rounds):
             profile = f"/tmp/relay-loop-{kind}.txt" if a.profile and r == 0 else None
             legs: list[Any] = [
-                lambda p=profile, o=ordered: relay_leg(a.dsn, a.rows, a.aggregates, o, a.workers, a.batch, p),
+                lambda p=profile, o=ordered: relay_leg(a.dsn, a.rows, a.aggregates, o, a.workers, a.batch, p, a.source),
                 lambda o=ordered: legs_alone(a.dsn, a.rows, a.aggregates, o, a.ceiling_workers, a.batch),
             ]
             if r % 2:
