@@ -32,7 +32,19 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_http import DEFAULT_DSN, PAYLOAD, RELAY, SCHEMA, Result, alternate, cpu_of, free_port, report, setup
+from scripts.bench_http import (
+    DEFAULT_DSN,
+    PAYLOAD,
+    RELAY,
+    SCHEMA,
+    Result,
+    alternate,
+    cpu_of,
+    free_port,
+    log_run,
+    report,
+    setup,
+)
 
 NOIDA = str(Path(sys.executable).with_name("noida-db"))
 PARTITIONS = 4
@@ -142,15 +154,23 @@ def main() -> None:
             setup(args.dsn, args.messages)
             return relay_run(args.dsn, bootstrap, args.messages)
 
-        results = alternate(args.rounds, relay, lambda: asyncio.run(raw_run(bootstrap, args.messages)))
+        def log() -> Result:
+            setup(args.dsn, args.messages)
+            return log_run(args.dsn, args.messages)
+
+        raw = lambda: asyncio.run(raw_run(bootstrap, args.messages))  # noqa: E731
+        results = alternate(args.rounds, {"relay": relay, "raw": raw, "log": log})
     finally:
         os.killpg(broker.pid, signal.SIGTERM)
         broker.wait()
         shutil.rmtree(data, ignore_errors=True)
     report(
         f"Kafka (noida-db): {args.messages:,} messages, median of {args.rounds} rounds",
-        "raw aiokafka idempotent producer",
-        "relay start --broker kafka",
+        {
+            "raw": "raw aiokafka idempotent producer",
+            "relay": "relay start --broker kafka",
+            "log": "relay start --broker log",
+        },
         results,
     )
 

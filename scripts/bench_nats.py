@@ -28,7 +28,7 @@ from nats.js.api import StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_http import DEFAULT_DSN, PAYLOAD, RELAY, SCHEMA, Result, alternate, cpu_of, report, setup
+from scripts.bench_http import DEFAULT_DSN, PAYLOAD, RELAY, SCHEMA, Result, alternate, cpu_of, log_run, report, setup
 
 URL = os.environ.get("RELAY_BENCH_NATS_URL", "nats://127.0.0.1:4222")
 
@@ -123,11 +123,19 @@ def main() -> None:
         setup(args.dsn, args.messages)
         return relay_run(args.dsn, args.messages)
 
-    results = alternate(args.rounds, relay, lambda: asyncio.run(raw_run(args.messages)))
+    def log() -> Result:
+        setup(args.dsn, args.messages)
+        return log_run(args.dsn, args.messages)
+
+    raw = lambda: asyncio.run(raw_run(args.messages))  # noqa: E731
+    results = alternate(args.rounds, {"relay": relay, "raw": raw, "log": log})
     report(
         f"NATS JetStream: {args.messages:,} messages, median of {args.rounds} rounds",
-        "raw nats-py JetStream publishes",
-        "relay start --broker nats",
+        {
+            "raw": "raw nats-py JetStream publishes",
+            "relay": "relay start --broker nats",
+            "log": "relay start --broker log",
+        },
         results,
     )
 
