@@ -309,15 +309,41 @@ def publish_deadline() -> float | None:
 
 
 async def each_message(
-    batch: Sequence[OutboxMessage], send: Callable[[OutboxMessage], Awaitable[Outcome]]
+    batch: Sequence[OutboxMessage],
+    send: Callable[[OutboxMessage], Awaitable[Outcome]],
+    *,
+    at_once: int | None = None,
 ) -> list[Outcome]:
-    """``send`` run for every message of ``batch`` at once; one outcome per message, in
-    order. What one send raises is that message's outcome alone (an exception that is no
-    failure class is an adapter bug: that message goes to dead and the worker logs the
-    traceback), never its neighbours': a message the destination accepted stays delivered
-    whatever another's request raised. Cancelling the call cancels every send."""
-    results = await asyncio.gather(*(send(m) for m in batch), return_exceptions=True)
-    return [_own_outcome(result) for result in results]
+    """``send`` run for every message of ``batch``, at most ``at_once`` at a time (None:
+    all at once); one outcome per message, in order. What one send raises is that
+    message's outcome alone (an exception that is no failure class is an adapter bug: that
+    message goes to dead and the worker logs the traceback), never its neighbours': a
+    message the destination accepted stays delivered whatever another's request raised.
+    Cancelling the call cancels every send.
+
+    With ``at_once``, that many lanes take the messages in turn: a destination that takes
+    only so many requests at a time (HTTP's connection pool) then costs a task per lane,
+    not one per message waiting for its turn."""
+    if at_once is None or at_once >= len(batch):
+        results = await asyncio.gather(*(send(m) for m in batch), return_exceptions=True)
+        return [_own_outcome(result) for result in results]
+    outcomes: list[Outcome] = [None] * len(batch)
+    turns = iter(enumerate(batch))
+
+    async def lane() -> None:
+        for i, m in turns:
+            try:
+                outcomes[i] = await send(m)
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the whole publish is cancelled
+                outcomes[i] = _own_outcome(exc)
+            except Exception as exc:
+                outcomes[i] = exc
+
+    await asyncio.gather(*(lane() for _ in range(max(at_once, 1))))
+    return outcomes
 
 
 def _own_outcome(result: Outcome | BaseException) -> Outcome:

@@ -183,6 +183,50 @@ async def test_each_message_keeps_what_one_send_raises_to_that_message() -> None
     assert isinstance(outcomes[2], RetryableError)
 
 
+async def test_each_message_in_lanes_keeps_each_outcome_its_own_and_holds_to_the_lanes() -> None:
+    from relay.contract import each_message
+    from relay.message import OutboxMessage
+
+    running, most = 0, 0
+
+    async def send(m: OutboxMessage) -> BaseException | None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        if m.id % 5 == 0:
+            raise ValueError("odd answer")
+        if m.id % 7 == 0:
+            raise asyncio.CancelledError  # this send alone, not the publish
+        return None
+
+    batch = [
+        OutboxMessage(i, "t", f"a{i}", "Ping", b"{}", attempt=1, lease_version=1, ordered=False) for i in range(1, 31)
+    ]
+    outcomes = await each_message(batch, send, at_once=4)
+    assert most == 4
+    assert [i for i, o in enumerate(outcomes, 1) if isinstance(o, ValueError)] == [5, 10, 15, 20, 25, 30]
+    assert [i for i, o in enumerate(outcomes, 1) if isinstance(o, RetryableError)] == [7, 14, 21, 28]
+    assert sum(o is None for o in outcomes) == 30 - 6 - 4
+
+    # Cancelling the publish cancels every lane: nothing goes on sending afterwards.
+    sent: list[int] = []
+
+    async def slow(m: OutboxMessage) -> None:
+        await asyncio.sleep(0.05)
+        sent.append(m.id)
+
+    publish = asyncio.ensure_future(each_message(batch, slow, at_once=3))
+    await asyncio.sleep(0.12)
+    publish.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await publish
+    so_far = len(sent)
+    await asyncio.sleep(0.2)
+    assert len(sent) == so_far < 30
+
+
 async def test_publish_timeout_is_retryable(store: OutboxStore, db: Db) -> None:
     [oid] = db.insert([("a", "Ping", {})])
     worker, _ = make_worker(store, lambda m: STALL, publish_timeout=timedelta(milliseconds=100))

@@ -67,6 +67,15 @@ async def _drain(response: aiohttp.ClientResponse, until: float) -> tuple[bytes,
     the rest read and dropped up to ``_DRAIN_MAX_BYTES`` or the loop's time ``until``;
     whether the body was read to its end. Errors end the read and are ignored: the status
     line already said what the answer is."""
+    content = response.content
+    if content.is_eof():
+        # The whole (short) body came in with the status line, as most answers do: no
+        # read to wait for, and no timer to set for it.
+        try:
+            whole = content.read_nowait()
+        except Exception:  # the body's own error: the status line already said it all
+            return b"", False
+        return whole[: BODY_SHOWN_BYTES + 1], True
     kept = b""
     total = 0
     try:
@@ -184,8 +193,9 @@ class HttpPublisher:
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:
         # The core leases at most one ordered message per aggregate into a batch, so the
-        # whole batch may go at once; the semaphore bounds it per destination.
-        return await each_message(batch, self._send)
+        # whole batch may go at once; the semaphore bounds it per destination, and a batch
+        # needs no more lanes than the destination has connections.
+        return await each_message(batch, self._send, at_once=self.settings.concurrency)
 
     async def _send(self, m: OutboxMessage) -> Outcome:
         """One message's request and its outcome; whatever happens while sending it or
@@ -203,6 +213,9 @@ class HttpPublisher:
         # the deadline and charged an attempt it never used. One that need not wait goes.
         deadline = publish_deadline()
         latest = None if deadline is None else deadline - s.timeout.total_seconds()
+        if latest is not None and asyncio.get_running_loop().time() > latest:
+            # Its turn in the batch's lanes (each_message) came too late.
+            return self._not_sent("every --http-concurrency connection stayed busy too long")
         try:
             async with asyncio.timeout_at(latest if self._slots.locked() else None):
                 await self._slots.acquire()
