@@ -69,7 +69,23 @@ START_OPTIONS: tuple[Option, ...] = (
         choices=BROKERS,
     ),
     Option("workers", "int", 4, "Dispatch loops in this process.", minimum=1, maximum=256),
-    Option("batch_size", "int", 100, "Rows one claim leases at most.", minimum=1, maximum=1000),
+    Option(
+        "batch_size",
+        "int",
+        100,
+        "Rows one claim leases at first, and again after a claim that comes back short.",
+        minimum=1,
+        maximum=1000,
+    ),
+    Option(
+        "max_batch_size",
+        "int",
+        400,
+        "Rows one claim leases at most while claims come back full (a backlog): each full claim"
+        " leases twice as many as the last, up to this (never less than --batch-size).",
+        minimum=1,
+        maximum=5000,
+    ),
     SizeOption(
         "batch_bytes",
         "str",
@@ -303,6 +319,7 @@ class RelaySettings:
         ordering = ordering_from(v)
         worker = WorkerConfig(
             batch_size=v["batch_size"],
+            max_batch_size=max(v["batch_size"], v["max_batch_size"]),
             batch_bytes=v["batch_bytes"],
             lease=lease,
             publish_timeout=publish_timeout,

@@ -27,7 +27,7 @@ class RelayOptions(TypedDict, total=False):
     backoff_cap: timedelta | float | str
     # Payload bytes one claim leases at most (512KiB, 4MiB, 10MB or bytes); a larger message is claimed...
     batch_bytes: int | str
-    # Rows one claim leases at most.
+    # Rows one claim leases at first, and again after a claim that comes back short.
     batch_size: int
     # Kafka brokers to start from, HOST:PORT[,HOST:PORT...].
     bootstrap_servers: str
@@ -93,6 +93,8 @@ class RelayOptions(TypedDict, total=False):
     log_level: Literal["debug", "info", "warning", "error"]
     # Claims a message gets before it goes to dead.
     max_attempts: int
+    # Rows one claim leases at most while claims come back full (a backlog): each full claim leases twi...
+    max_batch_size: int
     # Address the metrics endpoint listens on.
     metrics_host: str
     # Serve /metrics, /healthz and /readyz on this port (off if unset).

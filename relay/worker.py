@@ -66,6 +66,10 @@ def lease_margin(lease: timedelta) -> timedelta:
 @dataclass(frozen=True)
 class WorkerConfig:
     batch_size: int = 100
+    # While claims come back full, each leases twice as many rows as the last, up to this
+    # (None: batch_size, no growth); a short claim starts again from batch_size. A backlog
+    # then costs fewer claims, finalizes and publishes, each for more messages.
+    max_batch_size: int | None = None
     batch_bytes: int = DEFAULT_BATCH_BYTES  # payload bytes one claim leases (a larger message alone)
     lease: timedelta = timedelta(seconds=60)
     publish_timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT
@@ -216,6 +220,7 @@ class Worker:
         self.turns = shared.turns
         self.housekeeping = shared.housekeeping
         self.stats = WorkerStats()
+        self._batch_size = config.batch_size  # grows while claims come back full
         self._saturated = False  # the last claim came back full
         self._ingest_behind = False  # the last ingest took a whole turn; run the next one at once
 
@@ -412,7 +417,7 @@ class Worker:
         rows were leased, unreadable ones included."""
         started = time.monotonic()
         housekeeping = self.housekeeping.due(started, busy=self._saturated and not self._ingest_behind)
-        batch_size = min(limit or self.config.batch_size, self.config.batch_size)
+        batch_size = min(limit or self._batch_size, self._batch_size)
         # Only the worker holding the process's turn may claim a message over the budget.
         oversize = budget is None and self.oversize.take(self.owner)
         try:
@@ -447,6 +452,8 @@ class Worker:
         self.metrics.observe_claim(time.monotonic() - started)
         leased = len(claim.messages) + len(claim.unreadable)
         self._saturated = leased >= batch_size
+        if not probe:
+            self._batch_size = self._next_batch_size(leased, batch_size)
         if leased and self.presence is not None:
             self.presence.working(self.owner, saturated=self._saturated)
         if housekeeping:
@@ -463,6 +470,14 @@ class Worker:
             self.breaker.record(unavailable=True, reason=self.breaker.reason, probe=True)
         self.stats.claimed += len(batch.messages)
         return batch, leased
+
+    def _next_batch_size(self, leased: int, asked: int) -> int:
+        """The next claim's size: twice this one's after a full claim, up to the config's
+        ceiling; the configured size again after a short one."""
+        ceiling = max(self.config.batch_size, self.config.max_batch_size or 0)
+        if leased >= asked:
+            return min(asked * 2, ceiling)
+        return self.config.batch_size
 
     async def _publish_batch(self, batch: Batch) -> list[Decision]:
         """Publish ``batch`` and decide each message's outcome; the breaker hears the verdict."""

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
 import psycopg
@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from relay.db.names import OutboxNames
 from relay.db.statements import schema_sql
+from scripts.procstat import CpuMeter, process_cpu
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bench_http"
@@ -102,7 +103,7 @@ def setup(dsn: str, messages: int) -> None:
         conn.execute("CHECKPOINT")
 
 
-def relay_run(dsn: str, port: int, messages: int, concurrency: int) -> tuple[float, float]:
+def relay_run(dsn: str, port: int, messages: int, concurrency: int) -> Result:
     """Messages per second and CPU seconds per message of one relay process draining the outbox."""
     before = count(port)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
@@ -117,23 +118,23 @@ def relay_run(dsn: str, port: int, messages: int, concurrency: int) -> tuple[flo
         while count(port) == before:
             time.sleep(0.005)
         started = time.perf_counter()
-        cpu_started = cpu_of(proc.pid)
+        span = Span(proc.pid)
         while count(port) < before + messages:
             time.sleep(0.01)
         elapsed = time.perf_counter() - started
-        cpu = cpu_of(proc.pid) - cpu_started
+        result = span.result(messages, elapsed)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return messages / elapsed, cpu / messages
+    return result
 
 
-async def raw_run(port: int, messages: int, concurrency: int) -> tuple[float, float]:
+async def raw_run(port: int, messages: int, concurrency: int) -> Result:
     """The same messages posted by a bare aiohttp client, ``concurrency`` at a time."""
     url = f"http://127.0.0.1:{port}/hook"
     body = PAYLOAD.encode()
     slots = asyncio.Semaphore(concurrency)
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    span = Span(os.getpid())
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
 
         async def post(i: int) -> None:
@@ -147,12 +148,36 @@ async def raw_run(port: int, messages: int, concurrency: int) -> tuple[float, fl
         started = time.perf_counter()
         await asyncio.gather(*(post(i) for i in range(messages)))
         elapsed = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
-    return messages / elapsed, cpu / messages
+    return span.result(messages, elapsed)
 
 
-Result = tuple[float, float]  # messages per second, CPU seconds per message
+class Result(NamedTuple):
+    """One leg's run: messages per second, and CPU seconds per message of the sender (the
+    relay process, or this one for a raw client), of PostgreSQL's processes and of the
+    destination's server (the receiver, nats-server, the Kafka broker) over the timed span."""
+
+    rate: float
+    cpu: float
+    pg: float = 0.0
+    server: float = 0.0
+
+
+# The destination server's processes for Span (set by each script's main): by pid.
+SERVER_PIDS: list[int] = []
+
+
+class Span:
+    """The CPU a timed span costs the sender (``pid``), PostgreSQL and the destination's server."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.pg = CpuMeter("postgres").start()
+        self.started = (cpu_of(pid), sum(process_cpu(p) for p in SERVER_PIDS))
+
+    def result(self, messages: int, elapsed: float) -> Result:
+        sender = cpu_of(self.pid) - self.started[0]
+        server = sum(process_cpu(p) for p in SERVER_PIDS) - self.started[1]
+        return Result(messages / elapsed, sender / messages, self.pg.stop() / messages, server / messages)
 
 
 def log_run(dsn: str, messages: int) -> Result:
@@ -178,15 +203,15 @@ def log_run(dsn: str, messages: int) -> Result:
             while not conn.execute(moving).fetchone()[0]:  # type: ignore[index]
                 time.sleep(0.002)
             started = time.perf_counter()
-            cpu_started = cpu_of(proc.pid)
+            span = Span(proc.pid)
             while conn.execute(waiting).fetchone()[0]:  # type: ignore[index]
                 time.sleep(0.01)
             elapsed = time.perf_counter() - started
-            cpu = cpu_of(proc.pid) - cpu_started
+            result = span.result(messages, elapsed)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return messages / elapsed, cpu / messages
+    return result
 
 
 def alternate(rounds: int, legs: dict[str, Callable[[], Result]]) -> dict[str, list[Result]]:
@@ -201,14 +226,22 @@ def alternate(rounds: int, legs: dict[str, Callable[[], Result]]) -> dict[str, l
 
 
 def report(title: str, labels: dict[str, str], results: dict[str, list[Result]]) -> None:
-    """The medians as a table, the relay's rate against the raw client's and against its
-    own ``log`` pace (when measured), the goal's verdict, and each round's rates."""
-    rate = {k: statistics.median(r for r, _ in v) for k, v in results.items()}
-    cpu = {k: statistics.median(c for _, c in v) * 1e6 for k, v in results.items()}
+    """The medians as a table (rate, and CPU a message by process), the relay's rate
+    against the raw client's and against its own ``log`` pace (when measured), the goal's
+    verdict, and each round's rates."""
+
+    def median(name: str, field: str) -> float:
+        return statistics.median(getattr(r, field) for r in results[name])
+
+    rate = {name: median(name, "rate") for name in results}
+    cpu = {name: median(name, "cpu") * 1e6 for name in results}
     print(title)
-    print("| sender | messages/s | CPU per message |\n|---|---|---|")
+    print("| sender | messages/s | sender CPU a message | PostgreSQL | destination server |\n|---|---|---|---|---|")
     for name, label in labels.items():
-        print(f"| {label} | {rate[name]:,.0f} | {cpu[name]:,.0f} µs |")
+        print(
+            f"| {label} | {rate[name]:,.0f} | {cpu[name]:,.0f} µs | {median(name, 'pg') * 1e6:,.0f} µs"
+            f" | {median(name, 'server') * 1e6:,.0f} µs |"
+        )
     print(f"ratio relay/raw: {rate['relay'] / rate['raw']:.2f}x; CPU {cpu['relay'] / cpu['raw']:.2f}x the raw client's")
     if "log" in rate:
         of_log, of_raw = rate["relay"] / rate["log"], rate["relay"] / rate["raw"]
@@ -217,7 +250,7 @@ def report(title: str, labels: dict[str, str], results: dict[str, list[Result]])
             f"ratio relay/log: {of_log:.2f}x (goal: >= 0.8x the relay's own log pace, or >= 0.9x the raw client"
             f" where it is slower: {'met' if met else 'MISSED'})"
         )
-    print("rounds:", {k: [f"{r:,.0f}/s" for r, _ in v] for k, v in results.items()})
+    print("rounds:", {k: [f"{r.rate:,.0f}/s" for r in v] for k, v in results.items()})
 
 
 def main() -> None:
@@ -232,6 +265,7 @@ def main() -> None:
         args.messages, args.rounds = 3000, 1
     port = free_port()
     receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port)])
+    SERVER_PIDS[:] = [receiver.pid]
     try:
         deadline = time.monotonic() + 20
         while True:

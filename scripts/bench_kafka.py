@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -37,14 +36,16 @@ from scripts.bench_http import (
     PAYLOAD,
     RELAY,
     SCHEMA,
+    SERVER_PIDS,
     Result,
+    Span,
     alternate,
-    cpu_of,
     free_port,
     log_run,
     report,
     setup,
 )
+from scripts.procstat import pids_named
 
 NOIDA = str(Path(sys.executable).with_name("noida-db"))
 PARTITIONS = 4
@@ -73,7 +74,7 @@ def count(bootstrap: str, topic: str) -> int:
     return asyncio.run(_count(bootstrap, topic))
 
 
-def relay_run(dsn: str, bootstrap: str, messages: int) -> tuple[float, float]:
+def relay_run(dsn: str, bootstrap: str, messages: int) -> Result:
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     asyncio.run(_admin(bootstrap, topic))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
@@ -87,25 +88,25 @@ def relay_run(dsn: str, bootstrap: str, messages: int) -> tuple[float, float]:
         while count(bootstrap, topic) == 0:
             time.sleep(0.01)
         started = time.perf_counter()
-        cpu_started = cpu_of(proc.pid)
+        span = Span(proc.pid)
         while count(bootstrap, topic) < messages:
             time.sleep(0.02)
         elapsed = time.perf_counter() - started
-        cpu = cpu_of(proc.pid) - cpu_started
+        result = span.result(messages, elapsed)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return messages / elapsed, cpu / messages
+    return result
 
 
-async def raw_run(bootstrap: str, messages: int) -> tuple[float, float]:
+async def raw_run(bootstrap: str, messages: int) -> Result:
     topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
     await _admin(bootstrap, topic)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await producer.start()
     body = PAYLOAD.encode()
     per_task = messages // 4
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    span = Span(os.getpid())
 
     async def task(t: int) -> None:
         for start in range(0, per_task, 100):
@@ -124,9 +125,7 @@ async def raw_run(bootstrap: str, messages: int) -> tuple[float, float]:
         elapsed = time.perf_counter() - started
     finally:
         await producer.stop()
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
-    return per_task * 4 / elapsed, cpu / (per_task * 4)
+    return span.result(per_task * 4, elapsed)
 
 
 def main() -> None:
@@ -149,6 +148,7 @@ def main() -> None:
     bootstrap = f"127.0.0.1:{port}"
     try:
         time.sleep(2)
+        SERVER_PIDS[:] = pids_named("noida-db")  # the broker and the wrapper that started it
 
         def relay() -> Result:
             setup(args.dsn, args.messages)

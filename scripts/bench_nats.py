@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -28,7 +27,20 @@ from nats.js.api import StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_http import DEFAULT_DSN, PAYLOAD, RELAY, SCHEMA, Result, alternate, cpu_of, log_run, report, setup
+from scripts.bench_http import (
+    DEFAULT_DSN,
+    PAYLOAD,
+    RELAY,
+    SCHEMA,
+    SERVER_PIDS,
+    Result,
+    Span,
+    alternate,
+    log_run,
+    report,
+    setup,
+)
+from scripts.procstat import pids_named
 
 URL = os.environ.get("RELAY_BENCH_NATS_URL", "nats://127.0.0.1:4222")
 
@@ -48,7 +60,7 @@ async def _stream(name: str, prefix: str, *, create: bool = False, delete: bool 
         await nc.close()
 
 
-def relay_run(dsn: str, messages: int) -> tuple[float, float]:
+def relay_run(dsn: str, messages: int) -> Result:
     token = uuid.uuid4().hex[:8]
     name, prefix = f"BENCH_{token}", f"bench.{token}"
     asyncio.run(_stream(name, prefix, create=True))
@@ -63,19 +75,19 @@ def relay_run(dsn: str, messages: int) -> tuple[float, float]:
         while asyncio.run(_stream(name, prefix)) == 0:
             time.sleep(0.01)
         started = time.perf_counter()
-        cpu_started = cpu_of(proc.pid)
+        span = Span(proc.pid)
         while asyncio.run(_stream(name, prefix)) < messages:
             time.sleep(0.02)
         elapsed = time.perf_counter() - started
-        cpu = cpu_of(proc.pid) - cpu_started
+        result = span.result(messages, elapsed)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         asyncio.run(_stream(name, prefix, delete=True))
-    return messages / elapsed, cpu / messages
+    return result
 
 
-async def raw_run(messages: int) -> tuple[float, float]:
+async def raw_run(messages: int) -> Result:
     token = uuid.uuid4().hex[:8]
     name, prefix = f"BENCH_RAW_{token}", f"benchraw.{token}"
     await _stream(name, prefix, create=True)
@@ -83,7 +95,7 @@ async def raw_run(messages: int) -> tuple[float, float]:
     js = nc.jetstream()
     body = PAYLOAD.encode()
     per_task = messages // 4
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    span = Span(os.getpid())
 
     async def task(t: int) -> None:
         for start in range(0, per_task, 100):
@@ -104,9 +116,7 @@ async def raw_run(messages: int) -> tuple[float, float]:
     finally:
         await nc.close()
         await _stream(name, prefix, delete=True)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
-    return per_task * 4 / elapsed, cpu / (per_task * 4)
+    return span.result(per_task * 4, elapsed)
 
 
 def main() -> None:
@@ -118,6 +128,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.messages, args.rounds = 4000, 1
+    SERVER_PIDS[:] = pids_named("nats-server")
 
     def relay() -> Result:
         setup(args.dsn, args.messages)

@@ -214,3 +214,22 @@ async def test_no_statement_of_the_ingest_plans_a_disabled_scan(store: OutboxSto
             [[plan]] = await cur.fetchall()
             cost = plan[0]["Plan"]["Total Cost"]
             assert cost < threshold, (name, cost)
+
+
+async def test_claims_grow_while_they_come_back_full_and_start_again_after_a_short_one(
+    store: OutboxStore, db: Db
+) -> None:
+    from relay.testing import InMemoryPublisher
+    from relay.worker import Worker, WorkerConfig
+
+    db.insert((f"a{i}", "Ping", {"i": i}) for i in range(10 + 20 + 40 + 40 + 15))
+    publisher = InMemoryPublisher()
+    config = WorkerConfig(batch_size=10, max_batch_size=40)
+    worker = Worker(store=store, publisher=publisher, owner="w", config=config)
+    sizes = [await worker.run_once() for _ in range(6)]
+    # 10, then twice as many after each full claim up to the ceiling; 15 left is a short
+    # claim, after which the size is the configured one again.
+    assert sizes == [10, 20, 40, 40, 15, 0]
+    db.insert((f"b{i}", "Ping", {"i": i}) for i in range(25))
+    assert await worker.run_once() == 10
+    assert len(publisher.delivered_ids()) == 10 + 20 + 40 + 40 + 15 + 10
