@@ -144,10 +144,12 @@ async def test_a_working_relay_draws_no_notify_from_its_producers(
     notify, and must again once it is idle."""
     async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:  # relay settings set
         await store_ordering(conn, names, OrderingMap(default_ordered=False))
-    # Batches of 10 over 2 workers: the log broker drains a few thousand a second here, so
-    # 40,000 rows keep the relay busy for several seconds.
+    # Batches of 10 over 2 workers, not growing with the backlog: the log broker drains a
+    # few thousand a second here, so 40,000 rows keep the relay busy for several seconds.
     backlog = 40_000
-    with relay_process(relay_dsn, names, "--workers", "2", "--batch-size", "10", "--poll-interval", "30s"):
+    with relay_process(
+        relay_dsn, names, "--workers", "2", "--batch-size", "10", "--max-batch-size", "10", "--poll-interval", "30s"
+    ):
         async with listening(pg_dsn, names) as channel:
             # Idle first: an insert is heard and delivered.
             await until(lambda: live_states(db) == [True], what="the relay's idle row")
