@@ -63,13 +63,16 @@ class Result:
         return f"{self.rate:,.0f}/s (own {self.own_us:.0f} us, PG {self.pg_us:.0f} us)"
 
 
-def relay_command(source: str | None) -> tuple[list[str], dict[str, str]]:
-    """How to run `relay`: this checkout's, or (``source``) another checkout's package run
-    by this interpreter, for a before/after pair in one sitting."""
+def relay_command(source: str | None) -> tuple[list[str], dict[str, str], str | None]:
+    """How to run `relay` (its command, environment and directory): this checkout's, or
+    (``source``) another checkout's package run by this interpreter from that checkout, for
+    a before/after pair in one sitting (``-m`` puts the working directory first on the
+    path, ahead of this checkout's editable install)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     if source is None:
-        return [RELAY], env
-    return [sys.executable, "-m", "relay.cli"], {**env, "PYTHONPATH": str(Path(source).resolve())}
+        return [RELAY], env, None
+    where = str(Path(source).resolve())
+    return [sys.executable, "-m", "relay.cli"], {**env, "PYTHONPATH": where}, where
 
 
 def relay_leg(
@@ -81,13 +84,14 @@ def relay_leg(
     batch: int,
     profile: str | None,
     source: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> Result:
     schema = f"bench_loop_{uuid.uuid4().hex[:8]}"
-    relay_cmd, env = relay_command(source)
+    relay_cmd, env, cwd = relay_command(source)
     migrated = subprocess.run(
         [*relay_cmd, "migrate", "--dsn", dsn, "--schema", schema, "--ordering-default",
          "ordered" if ordered else "unordered", "--no-notify"],
-        capture_output=True, text=True, env=env, check=False,
+        capture_output=True, text=True, env=env, check=False, cwd=cwd,
     )  # fmt: skip
     if migrated.returncode:
         raise SystemExit(f"relay migrate: {migrated.stderr.strip()}")
@@ -107,8 +111,8 @@ def relay_leg(
         with tempfile.TemporaryFile("w+") as log, psycopg.connect(dsn, autocommit=True) as conn:
             relay = subprocess.Popen(
                 [*relay_cmd, "start", "--dsn", dsn, "--schema", schema, "--broker", "log", "--workers", str(workers),
-                 "--batch-size", str(batch), "--log-level", "warning"],
-                stdout=subprocess.DEVNULL, stderr=log, env=env,
+                 "--batch-size", str(batch), "--log-level", "warning", *extra],
+                stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=cwd,
             )  # fmt: skip
             spy = None
             try:
@@ -175,8 +179,14 @@ def main() -> int:
     p.add_argument("--only", choices=("unordered", "ordered"))
     p.add_argument("--profile", action="store_true", help="py-spy the relay in the first round (raw stacks)")
     p.add_argument("--source", help="run the relay package of this checkout instead (a before/after pair)")
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        help="the relay's --max-batch-size (100: claims stay at --batch 100, as the legs')",
+    )
     a = p.parse_args()
     kinds = [a.only == "ordered"] if a.only else [False, True]
+    extra = ("--max-batch-size", str(a.max_batch_size)) if a.max_batch_size else ()
     goals = {False: 0.9, True: 0.8}
     summary: list[str] = []
     for ordered in kinds:
@@ -187,7 +197,9 @@ def main() -> int:
         for r in range(a.rounds):
             profile = f"/tmp/relay-loop-{kind}.txt" if a.profile and r == 0 else None
             legs: list[Any] = [
-                lambda p=profile, o=ordered: relay_leg(a.dsn, a.rows, a.aggregates, o, a.workers, a.batch, p, a.source),
+                lambda p=profile, o=ordered: relay_leg(
+                    a.dsn, a.rows, a.aggregates, o, a.workers, a.batch, p, a.source, extra
+                ),
                 lambda o=ordered: legs_alone(a.dsn, a.rows, a.aggregates, o, a.ceiling_workers, a.batch),
             ]
             if r % 2:
