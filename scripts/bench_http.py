@@ -41,7 +41,8 @@ from scripts.procstat import CpuMeter, process_cpu
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bench_http"
 PAYLOAD = json.dumps({"order_id": 42, "amount": "19.90", "currency": "EUR", "note": "x" * 200})
-RELAY = str(Path(sys.executable).with_name("relay"))
+# BENCH_RELAY: another `relay` executable (a checkout before a change, say) for every relay leg.
+RELAY = os.environ.get("BENCH_RELAY") or str(Path(sys.executable).with_name("relay"))
 
 RECEIVER = textwrap.dedent(
     """
