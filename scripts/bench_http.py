@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from relay.db.names import OutboxNames
 from relay.db.statements import schema_sql
+from scripts import progress
 from scripts.procstat import CpuMeter, process_cpu
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -116,18 +117,10 @@ def relay_run(dsn: str, port: int, messages: int, concurrency: int) -> Result:
         env=env, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        while count(port) == before:
-            time.sleep(0.005)
-        started = time.perf_counter()
-        span = Span(proc.pid)
-        while count(port) < before + messages:
-            time.sleep(0.01)
-        elapsed = time.perf_counter() - started
-        result = span.result(messages, elapsed)
+        return timed(proc.pid, messages, lambda: count(port) > before, lambda: count(port) >= before + messages, 0.01)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return result
 
 
 async def raw_run(port: int, messages: int, concurrency: int) -> Result:
@@ -181,6 +174,19 @@ class Span:
         return Result(messages / elapsed, sender / messages, self.pg.stop() / messages, server / messages)
 
 
+def timed(pid: int, messages: int, moving: Callable[[], bool], done: Callable[[], bool], every: float) -> Result:
+    """A relay leg's figures: the clock starts when ``moving`` first says so (the relay's
+    start-up is left out) and stops when ``done`` does, polled every ``every`` seconds;
+    the CPU is the span's (:class:`Span`) for the relay process ``pid``."""
+    while not moving():
+        time.sleep(0.002)
+    started = time.perf_counter()
+    span = Span(pid)
+    while not done():
+        time.sleep(every)
+    return span.result(messages, time.perf_counter() - started)
+
+
 def log_run(dsn: str, messages: int) -> Result:
     """The relay's own pace on the same outbox, rows and settings (4 workers, batches of
     100), with the ``log`` destination, its output discarded: what a destination's leg
@@ -189,11 +195,7 @@ def log_run(dsn: str, messages: int) -> Result:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env.update(RELAY_DSN=dsn, RELAY_LOG_LEVEL="warning")
     table = sql.Identifier(SCHEMA, "outbox")
-    moving = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE status = 'processing')").format(table)
-    waiting = sql.SQL(
-        "SELECT EXISTS (SELECT 1 FROM {t} WHERE status = 'processing')"
-        " OR EXISTS (SELECT 1 FROM {t} WHERE status = 'pending' AND NOT ordered)"
-    ).format(t=table)
+    moving, waiting = progress.moving(table), progress.waiting(table)
     proc = subprocess.Popen(
         [RELAY, "start", "--schema", SCHEMA, "--broker", "log", "--workers", "4", "--batch-size", "100",
          "--poll-interval", "50ms"],
@@ -201,18 +203,15 @@ def log_run(dsn: str, messages: int) -> Result:
     )  # fmt: skip
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            while not conn.execute(moving).fetchone()[0]:  # type: ignore[index]
-                time.sleep(0.002)
-            started = time.perf_counter()
-            span = Span(proc.pid)
-            while conn.execute(waiting).fetchone()[0]:  # type: ignore[index]
-                time.sleep(0.01)
-            elapsed = time.perf_counter() - started
-            result = span.result(messages, elapsed)
+
+            def holds(query: sql.Composed) -> bool:
+                row = conn.execute(query).fetchone()
+                return bool(row and row[0])
+
+            return timed(proc.pid, messages, lambda: holds(moving), lambda: not holds(waiting), 0.01)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return result
 
 
 def alternate(rounds: int, legs: dict[str, Callable[[], Result]]) -> dict[str, list[Result]]:

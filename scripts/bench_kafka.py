@@ -44,6 +44,7 @@ from scripts.bench_http import (
     log_run,
     report,
     setup,
+    timed,
 )
 from scripts.procstat import pids_named
 
@@ -85,18 +86,11 @@ def relay_run(dsn: str, bootstrap: str, messages: int) -> Result:
         env=env, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        while count(bootstrap, topic) == 0:
-            time.sleep(0.01)
-        started = time.perf_counter()
-        span = Span(proc.pid)
-        while count(bootstrap, topic) < messages:
-            time.sleep(0.02)
-        elapsed = time.perf_counter() - started
-        result = span.result(messages, elapsed)
+        seen = lambda: count(bootstrap, topic)  # noqa: E731
+        return timed(proc.pid, messages, lambda: seen() > 0, lambda: seen() >= messages, 0.02)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return result
 
 
 async def raw_run(bootstrap: str, messages: int) -> Result:

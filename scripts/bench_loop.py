@@ -45,6 +45,7 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scripts import progress
 from scripts.bench_db import BASE_SCHEMA, count_done, drain_baseline, fill, reset_base
 from scripts.procstat import CpuMeter, process_cpu
 
@@ -98,16 +99,7 @@ def relay_leg(
     table = sql.Identifier(schema, "outbox")
     try:
         fill(dsn, rows=rows, aggregates=aggregates, schemas=(schema,))
-        # Polled every 20 ms while the relay drains, so each a few index probes (the
-        # relay's own partial indexes): a count of the pending rows was a scan of the whole
-        # table each time, and took as much of PostgreSQL as the ordered drain itself.
-        waiting = sql.SQL(
-            "SELECT EXISTS (SELECT 1 FROM {t} WHERE status = 'processing')"
-            " OR EXISTS (SELECT 1 FROM {t} WHERE status = 'pending' AND NOT ordered)"
-            " OR EXISTS (SELECT 1 FROM {t} WHERE ordered AND status = 'pending' AND aggregate_seq IS NOT NULL)"
-            " OR EXISTS (SELECT 1 FROM {t} WHERE ordered AND status = 'pending' AND aggregate_seq IS NULL)"
-        ).format(t=table)
-        moving = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE status = 'processing')").format(table)
+        waiting, moving = progress.waiting(table), progress.moving(table)  # polled every 20 ms
         with tempfile.TemporaryFile("w+") as log, psycopg.connect(dsn, autocommit=True) as conn:
             relay = subprocess.Popen(
                 [*relay_cmd, "start", "--dsn", dsn, "--schema", schema, "--broker", "log", "--workers", str(workers),

@@ -39,6 +39,7 @@ from scripts.bench_http import (
     log_run,
     report,
     setup,
+    timed,
 )
 from scripts.procstat import pids_named
 
@@ -72,19 +73,12 @@ def relay_run(dsn: str, messages: int) -> Result:
         env=env, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        while asyncio.run(_stream(name, prefix)) == 0:
-            time.sleep(0.01)
-        started = time.perf_counter()
-        span = Span(proc.pid)
-        while asyncio.run(_stream(name, prefix)) < messages:
-            time.sleep(0.02)
-        elapsed = time.perf_counter() - started
-        result = span.result(messages, elapsed)
+        seen = lambda: asyncio.run(_stream(name, prefix))  # noqa: E731
+        return timed(proc.pid, messages, lambda: seen() > 0, lambda: seen() >= messages, 0.02)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         asyncio.run(_stream(name, prefix, delete=True))
-    return result
 
 
 async def raw_run(messages: int) -> Result:

@@ -79,6 +79,7 @@ from relay.db.names import OutboxNames
 from relay.db.settings import store_ordering
 from relay.message import OutboxMessage
 from relay.ordering import OrderingMap
+from scripts import progress
 from scripts.bench_db import BASE_DONE_BATCH, BASE_SCHEMA, CEIL_CLAIM, CEIL_HEAD, LEASE, base_sql, reset_base
 from scripts.procstat import command_cpu, machine_busy, process_cpu
 
@@ -321,16 +322,9 @@ def relay_run(
         "--ordering-default", "ordered" if ordered else "unordered", *extra,
     ]  # fmt: skip
     table = sql.Identifier(names.schema, names.table)
-    # Polled every 10 ms, so index probes (the relay's partial indexes), not a count of the
-    # table: that took PostgreSQL's CPU from the relay it was timing.
-    waiting = sql.SQL(
-        "SELECT EXISTS (SELECT 1 FROM {t} WHERE status = 'processing')"
-        " OR EXISTS (SELECT 1 FROM {t} WHERE status = 'pending' AND NOT ordered)"
-        " OR EXISTS (SELECT 1 FROM {t} WHERE ordered AND status = 'pending' AND aggregate_seq IS NOT NULL)"
-        " OR EXISTS (SELECT 1 FROM {t} WHERE ordered AND status = 'pending' AND aggregate_seq IS NULL)"
-    ).format(t=table)
+    waiting = progress.waiting(table)  # polled every 10 ms
     dead_rows = sql.SQL("SELECT count(*) FROM {} WHERE status = 'dead'").format(table)
-    moving = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE status = 'processing')").format(table)
+    moving = progress.moving(table)
     with log_path.open("w") as log, psycopg.connect(args.dsn, autocommit=True) as conn:
         relay = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env)
         dead = 0
