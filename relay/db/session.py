@@ -185,8 +185,9 @@ async def _check_unless_recent(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 async def _mark_returned(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The pool's reset callback: it runs only for a connection handed back idle, in no
-    transaction and not broken."""
+    """The pool's reset callback, run as a connection comes back (after the pool rolled
+    back a transaction left open). One that is broken is discarded after this, never
+    handed out again, so the mark only ever speaks for a connection that answered."""
     if isinstance(conn, _PoolConnection):
         conn.returned_at = time.monotonic()
 
