@@ -267,6 +267,24 @@ def test_the_rate_limit_spaces_requests(
     assert (times[-1] - times[0]).total_seconds() >= 1.4
 
 
+def test_a_request_timeout_as_long_as_the_publish_timeout_still_sends_what_need_not_wait(
+    db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess]
+) -> None:
+    """--http-timeout may equal --publish-timeout: no request is then sure to be answered
+    before the publish deadline, and only those that would wait for a connection are
+    handed back; the first of each lane goes, so the backlog drains, each message once."""
+    receiver = receivers()
+    db.insert((f"a{i}", "OrderPlaced", {"i": i}) for i in range(12))
+    relay = http_relay(
+        db.names, receiver.url, "--http-concurrency", "4", "--workers", "1", "--batch-size", "12",
+        "--publish-timeout", "1s", "--http-timeout", "1s", env=relay_env(RELAY_DSN=relay_dsn), relays=relays,
+    )  # fmt: skip
+    assert wait_until(lambda: db.settled(12), timeout=60), relay.tail()
+    assert {r["status"] for r in db.rows()} == {"done"}
+    assert max(r["attempts"] for r in db.rows()) == 1
+    assert len({r["idempotency_key"] for r in receiver.requests()}) == 12
+
+
 @pytest.mark.parametrize("limit", ["rate", "concurrency"])
 def test_messages_held_back_by_the_destinations_limits_spend_no_attempt(
     db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess], limit: str

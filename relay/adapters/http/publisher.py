@@ -195,14 +195,18 @@ class HttpPublisher:
         # The core leases at most one ordered message per aggregate into a batch, so the
         # whole batch may go at once; the semaphore bounds it per destination, and a batch
         # needs no more lanes than the destination has connections.
-        return await each_message(batch, self._send, at_once=self.settings.concurrency)
+        # The lanes take the messages in order: the first of each goes at once, the rest
+        # wait for their lane's previous request.
+        lanes = self.settings.concurrency
+        waiting = {id(m) for m in batch[lanes:]}
+        return await each_message(batch, lambda m: self._send(m, waited=id(m) in waiting), at_once=lanes)
 
-    async def _send(self, m: OutboxMessage) -> Outcome:
+    async def _send(self, m: OutboxMessage, *, waited: bool = False) -> Outcome:
         """One message's request and its outcome; whatever happens while sending it or
         reading its answer is this outcome, never an exception."""
-        return self._deferrals.paced(m, await self._send_within_limits(m))
+        return self._deferrals.paced(m, await self._send_within_limits(m, waited=waited))
 
-    async def _send_within_limits(self, m: OutboxMessage) -> Outcome:
+    async def _send_within_limits(self, m: OutboxMessage, *, waited: bool) -> Outcome:
         session = self._session
         if session is None:
             return BrokerUnavailable("the HTTP publisher is not started")
@@ -213,8 +217,8 @@ class HttpPublisher:
         # the deadline and charged an attempt it never used. One that need not wait goes.
         deadline = publish_deadline()
         latest = None if deadline is None else deadline - s.timeout.total_seconds()
-        if latest is not None and asyncio.get_running_loop().time() > latest:
-            # Its turn in the batch's lanes (each_message) came too late.
+        if waited and latest is not None and asyncio.get_running_loop().time() > latest:
+            # It waited in its lane (each_message) past the moment it could be answered.
             return self._not_sent("every --http-concurrency connection stayed busy too long")
         try:
             async with asyncio.timeout_at(latest if self._slots.locked() else None):
