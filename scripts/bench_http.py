@@ -78,12 +78,6 @@ def count(port: int) -> int:
         return int(r.read())
 
 
-def cpu_of(pid: int) -> float:
-    """User + system seconds of process ``pid`` so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def setup(dsn: str, messages: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
@@ -166,10 +160,10 @@ class Span:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.pg = CpuMeter("postgres").start()
-        self.started = (cpu_of(pid), sum(process_cpu(p) for p in SERVER_PIDS))
+        self.started = (process_cpu(pid), sum(process_cpu(p) for p in SERVER_PIDS))
 
     def result(self, messages: int, elapsed: float) -> Result:
-        sender = cpu_of(self.pid) - self.started[0]
+        sender = process_cpu(self.pid) - self.started[0]
         server = sum(process_cpu(p) for p in SERVER_PIDS) - self.started[1]
         return Result(messages / elapsed, sender / messages, self.pg.stop() / messages, server / messages)
 
