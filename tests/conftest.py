@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -286,6 +287,17 @@ class Db:
     def statuses(self) -> dict[str, int]:
         cur = self.conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(self.table))
         return dict(cur.fetchall())
+
+    def at_rest(self, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Every row, read at a moment when none is under a lease (or the last read after
+        ``timeout`` seconds). A held message is claimed now and then to probe its destination,
+        its attempt refunded when the probe fails, so attempts are judged between probes."""
+        deadline = time.monotonic() + timeout
+        rows = self.rows()
+        while any(r["status"] == "processing" for r in rows) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            rows = self.rows()
+        return rows
 
     def settled(self, count: int) -> bool:
         """Whether ``count`` rows have finished, delivered or dead."""

@@ -105,7 +105,7 @@ def test_a_closed_port_holds_messages_unspent_until_the_receiver_is_up(
     assert wait_until(lambda: readyz()[0] == 503, timeout=20), relay.tail()
     assert f"127.0.0.1:{port}" in readyz()[1]
     time.sleep(2)
-    rows = db.rows()
+    rows = db.at_rest()
     assert {r["status"] for r in rows} == {"pending"} and {r["attempts"] for r in rows} == {0}, rows
     receiver = receivers(port=port)
     assert wait_until(lambda: db.settled(len(ids)), timeout=30), (db.statuses(), relay.tail())

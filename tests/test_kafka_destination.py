@@ -75,7 +75,7 @@ def test_a_missing_topic_holds_messages_unspent_and_is_never_created(
     db.insert((f"order-{i}", "OrderPlaced", {"i": i}) for i in range(10))
     relay = kafka_relay(db.names, kafka, topic, env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
     time.sleep(missing_s)
-    rows = db.rows()
+    rows = db.at_rest()
     assert {r["status"] for r in rows} == {"pending"} and {r["attempts"] for r in rows} == {0}, rows
     assert topic not in kafka.topics()  # the relay's requests did not create it
     assert "no such topic" in relay.stderr()

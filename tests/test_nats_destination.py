@@ -102,7 +102,7 @@ def test_a_missing_stream_holds_messages_unspent_then_everything_flows(
     subject = nats_stream.subject("orders")
     relay = nats_relay(db.names, nats_stream, subject, env=relay_env(RELAY_DSN=relay_dsn), relays=relays)
     time.sleep(missing_s)
-    rows = db.rows()
+    rows = db.at_rest()
     assert {r["status"] for r in rows} == {"pending"} and {r["attempts"] for r in rows} == {0}, rows
     assert "no JetStream stream captures" in relay.stderr()
     nats_stream.create()

@@ -141,7 +141,7 @@ async def test_unroutable_messages_wait_unspent_in_order_and_flow_once_a_queue_i
     metrics = (await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics"))[1]
     assert "outbox_relay_unroutable_routing_keys 1.0" in metrics
     await asyncio.sleep(1)  # more probe rounds
-    now = rows()
+    now = {r["id"]: r for r in await asyncio.to_thread(db.at_rest)}
     assert {now[i]["status"] for i in held_ids} == {"pending"}, db.statuses()
     assert {now[i]["attempts"] for i in held_ids} == {0}, "waiting for a queue must not spend attempts"
     lines = [line for line in process.stderr().splitlines() if "reaches no queue (312 NO_ROUTE)" in line]
