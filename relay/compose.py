@@ -38,6 +38,7 @@ from relay.db.names import OutboxNames
 from relay.db.session import SessionLimits, check_schema, configure_session, connect, open_pool
 from relay.errors import ConfigError, shown
 from relay.options import Option, check_file_keys, did_you_mean, load_file, resolve, unknown_variables
+from relay.outboxes import OUTBOXES_KEY, WHERE, listed, refuse_shared_where
 from relay.replay import ReplayLimits
 from relay.routes import DEFAULT_DESTINATION, ROUTES_OPTION, destination_namer
 from relay.runner import Operations
@@ -82,21 +83,143 @@ def compose_start(
     anything connects. ``publisher``: one of the caller's own (a test's, a destination
     not installed), used instead of the one ``--broker`` would build."""
     entered = _enter(START_ALL, given, environ, config, "relay setting", "`relay start`'s options")
-    v = entered.values
-    checked = RelaySettings.from_values(v, broker=None if publisher is None else publisher.name)
+    settings = _settings(entered, publisher)
+    # Made here, so that a bad route or broker setting is refused before anything runs.
+    built = publisher or publisher_for(settings.broker, entered.values, settings.publish_limits)
+    return _start_parts(entered, settings, built, own=publisher is not None)
+
+
+def _settings(entered: _Entered, publisher: Publisher | None) -> RelaySettings:
+    checked = RelaySettings.from_values(entered.values, broker=None if publisher is None else publisher.name)
     if publisher is None:
         refuse_other_destinations(checked.broker, entered.given, entered.environ)
     # Logged when the relay starts, beside the other warnings of its settings.
     misspelt = tuple(unknown_variables(entered.environ, VARIABLES))
-    settings = replace(checked, warnings=misspelt + checked.warnings) if misspelt else checked
+    return replace(checked, warnings=misspelt + checked.warnings) if misspelt else checked
+
+
+def _start_parts(entered: _Entered, settings: RelaySettings, publisher: Publisher, *, own: bool) -> StartParts:
+    """``own``: the publisher is the caller's (relay.testing's), not one ``--broker`` built."""
+    v = entered.values
     return StartParts(
         settings=settings,
         operations=Operations.from_values(v),
         log=LogSettings(level=v["log_level"], format=v["log_format"]),
-        # Made here, so that a bad route or broker setting is refused before anything runs.
-        publisher=publisher or publisher_for(settings.broker, v, settings.publish_limits),
-        tracing=tracing_for(v) if publisher is not None else _tracing(v, settings.broker),
+        publisher=publisher,
+        tracing=tracing_for(v) if own else _tracing(v, settings.broker),
         given=given_settings(v, entered.given, entered.file, entered.environ),
+    )
+
+
+@dataclass(frozen=True)
+class OutboxParts:
+    """One outbox of several, checked: its name and its run's parts."""
+
+    name: str
+    parts: StartParts
+
+
+@dataclass(frozen=True)
+class FleetParts:
+    """A relay process serving several outboxes (relay.fleet): each outbox's parts, and
+    what the process holds once for all of them."""
+
+    outboxes: tuple[OutboxParts, ...]
+    # The distinct publishers, each started once and shared by the outboxes whose
+    # destination settings are the same.
+    publishers: tuple[Publisher, ...]
+    operations: Operations  # the metrics endpoint's settings (the process's own)
+    log: LogSettings
+    tracing: Tracing
+
+
+def compose_outboxes(
+    given: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str] | None = None,
+    config: str | None = None,
+    outboxes: Sequence[Mapping[str, Any]] | None = None,
+    publisher: Publisher | None = None,
+) -> FleetParts | None:
+    """The parts of a run of several outboxes, as the config file's ``[[outboxes]]`` or
+    ``outboxes`` (relay.Relay's) list them (relay.outboxes); None when neither lists any.
+    Every outbox is checked before anything connects, each error naming its outbox."""
+    file = load_file(config)
+    entries = listed(file, outboxes, config)
+    if not entries:
+        return None
+    env = dict(environ or {})
+    known = {o.dest: o for o in START_ALL}
+    top_given = _given_values(given, known, "relay setting", "`relay start`'s options")
+    refuse_shared_where(top_given, env, {d: known[d].env for d in WHERE})
+    if config:
+        check_file_keys({k: v for k, v in file.items() if k != OUTBOXES_KEY}, ALL_OPTIONS, config)
+    checked: list[tuple[str, _Entered, RelaySettings]] = []
+    places: dict[tuple[str, str, str], str] = {}
+    for entry in entries:
+        own = _given_values(entry.given, known, f"setting of outbox {entry.name}", "`relay start`'s options")
+        raw = {**top_given, **own}
+        try:
+            if entry.file is not file:
+                check_file_keys(entry.file, ALL_OPTIONS, entry.where)
+            entered = _Entered(resolve(START_ALL, raw, entry.file, env), raw, dict(entry.file), env)
+            settings = _settings(entered, publisher)
+        except ConfigError as exc:
+            raise ConfigError(f"outbox {entry.name}: {exc}") from None
+        names = settings.names
+        place = (settings.dsn, names.schema, names.table)
+        if place in places:
+            raise ConfigError(f"outboxes {places[place]} and {entry.name} are the same table {names.qualified}")
+        places[place] = entry.name
+        checked.append((entry.name, entered, settings))
+    publishers = _shared_publishers(checked, publisher)
+    each = tuple(
+        OutboxParts(name, _start_parts(entered, settings, publishers[i], own=publisher is not None))
+        for i, (name, entered, settings) in enumerate(checked)
+    )
+    first = each[0].parts
+    return FleetParts(
+        outboxes=each,
+        publishers=tuple(dict.fromkeys(publishers)),
+        operations=first.operations,
+        log=first.log,
+        tracing=first.tracing,
+    )
+
+
+def _shared_publishers(
+    checked: Sequence[tuple[str, _Entered, RelaySettings]], own: Publisher | None
+) -> list[Publisher]:
+    """One publisher per outbox, the same object for outboxes whose destination settings
+    agree (one broker connection for them all), told of all their workers."""
+    if own is not None:
+        return [own] * len(checked)
+    by_key: dict[tuple[Any, ...], list[int]] = {}
+    for i, (_, entered, settings) in enumerate(checked):
+        by_key.setdefault(_destination_key(settings, entered.values), []).append(i)
+    publishers: dict[int, Publisher] = {}
+    for members in by_key.values():
+        name, entered, settings = checked[members[0]]
+        limits = replace(settings.publish_limits, workers=sum(checked[i][2].workers for i in members))
+        try:
+            publisher = publisher_for(settings.broker, entered.values, limits)
+        except ConfigError as exc:
+            raise ConfigError(f"outbox {name}: {exc}") from None
+        for i in members:
+            publishers[i] = publisher
+    return [publishers[i] for i in range(len(checked))]
+
+
+def _destination_key(settings: RelaySettings, values: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes two outboxes' publishers the same: the broker, its options and routes,
+    and the limits a publisher is built with (but the workers, which add up)."""
+    broker = tuple((o.dest, repr(values.get(o.dest))) for o in BROKER_OPTIONS)
+    return (
+        settings.broker,
+        broker,
+        repr(values.get("route")),
+        settings.worker.publish_timeout,
+        settings.worker.batch_size,
     )
 
 
@@ -224,14 +347,7 @@ def _enter(
     what: str,
     whose: str,
 ) -> _Entered:
-    known = {o.dest: o for o in options}
-    unknown = sorted(set(given) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"unknown {what} {shown(unknown[0])}{did_you_mean(unknown[0], known)}:"
-            f" the settings are {whose}, named without the dashes"
-        )
-    raw = {name: _raw(value) for name, value in given.items() if value is not None and value != ()}
+    raw = _given_values(given, {o.dest: o for o in options}, what, whose)
     file = load_file(config)
     if config:
         # Against every declared setting: one file serves relay start, relay replay and the
@@ -239,6 +355,18 @@ def _enter(
         check_file_keys(file, ALL_OPTIONS, config)
     env = dict(environ or {})
     return _Entered(resolve(options, raw, file, env), raw, file, env)
+
+
+def _given_values(given: Mapping[str, Any], known: Mapping[str, Option], what: str, whose: str) -> dict[str, Any]:
+    """``given`` (Python values by option name) as the parser takes them; an unknown name
+    refused with the nearest known one."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown {what} {shown(unknown[0])}{did_you_mean(unknown[0], known)}:"
+            f" the settings are {whose}, named without the dashes"
+        )
+    return {name: _raw(value) for name, value in given.items() if value is not None and value != ()}
 
 
 def _raw(value: Any) -> Any:

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Unpack
+from typing import Any, Unpack
 
-from relay.compose import compose_start
+from relay.compose import compose_outboxes, compose_start
 from relay.contract import Publisher
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable, first_line
@@ -65,6 +65,10 @@ class Relay:
     :param publisher: a publisher of your own (relay.testing's in-memory one, a destination
         you have not installed as a package), used instead of the one ``broker`` names;
         ``broker`` and its settings are not read then.
+    :param outboxes: several outboxes for one relay: one mapping each, with a ``name``
+        and the settings that are its own (``dsn``, ``schema``, ``table``, ``exchange``,
+        ``workers``, ...); the other settings given here are every outbox's defaults. The
+        config file's ``[[outboxes]]`` does the same (docs/outboxes.md).
     """
 
     def __init__(
@@ -73,31 +77,48 @@ class Relay:
         environ: Mapping[str, str] | None = None,
         config: str | None = None,
         publisher: Publisher | None = None,
+        outboxes: Sequence[Mapping[str, Any]] | None = None,
         **settings: Unpack[RelayOptions],
     ) -> None:
-        parts = compose_start(settings, environ=environ, config=config, publisher=publisher)
-        self.settings = parts.settings
-        self.operations = parts.operations
-        self.log = parts.log
-        self._given: tuple[Given, ...] = parts.given
-        self._publisher = parts.publisher
-        self._tracing: Tracing = parts.tracing
+        fleet = compose_outboxes(settings, environ=environ, config=config, outboxes=outboxes, publisher=publisher)
+        self._fleet = fleet
+        if fleet is None:
+            first = compose_start(settings, environ=environ, config=config, publisher=publisher)
+        else:
+            first = fleet.outboxes[0].parts
+        # With several outboxes: the first one's (each has its own; see outboxes).
+        self.settings = first.settings
+        self.operations = first.operations if fleet is None else fleet.operations
+        self.log = first.log if fleet is None else fleet.log
+        self._given: tuple[Given, ...] = first.given
+        self._publisher = first.publisher
+        self._tracing: Tracing = first.tracing if fleet is None else fleet.tracing
         self._ran = False
         self._stop = asyncio.Event()
         # Set by the run once it is connected and checked (relay.runner.run_relay).
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def outboxes(self) -> tuple[str, ...]:
+        """The names of the outboxes this relay serves (``()``: the one its settings name)."""
+        return () if self._fleet is None else tuple(o.name for o in self._fleet.outboxes)
+
     async def run(self) -> None:
         """Deliver until :meth:`stop`; raises what stopped the relay otherwise. Once per
         Relay (its broker connection is closed when it returns). Cancelling the task that
         runs it stops the relay at once and cleanly (see the module's docstring)."""
-        from relay.runner import run_relay
-
         if self._ran:
             raise RuntimeError("a Relay runs once; make a new one")
         self._ran = True
         try:
+            if self._fleet is not None:
+                from relay.fleet import run_fleet
+
+                await run_fleet(self._fleet, self._stop, ready=self._ready)
+                return
+            from relay.runner import run_relay
+
             await run_relay(
                 self.settings,
                 self._publisher,
@@ -120,8 +141,8 @@ class Relay:
         :meth:`wait`, or use ``async with``, which does all three."""
         if self._task is not None:
             raise RuntimeError("this Relay is already running")
-        names = self.settings.names
-        task = asyncio.get_running_loop().create_task(self.run(), name=f"outbox-relay {names.qualified}")
+        what = self.settings.names.qualified if self._fleet is None else f"{len(self.outboxes)} outboxes"
+        task = asyncio.get_running_loop().create_task(self.run(), name=f"outbox-relay {what}")
         self._task = task
         ready = asyncio.ensure_future(self._ready.wait())
         try:

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from prometheus_client import CollectorRegistry
@@ -32,7 +32,16 @@ from relay.errors import ConfigError, DatabaseUnavailable, shown
 
 log = logging.getLogger("relay.httpd")
 
-ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
+
+class Readiness(NamedTuple):
+    """A readiness answer with a line per part (a process serving several outboxes)."""
+
+    ok: bool
+    reason: str
+    details: tuple[str, ...] = ()
+
+
+ReadyCheck = Callable[[], Awaitable[tuple[bool, str] | Readiness]]
 
 # Kubernetes' default probe timeout is 1 s and its period 10 s; a check slower than 2 s is
 # as good as failed, and must not pile up behind the next probe.
@@ -98,22 +107,24 @@ async def _handle(
     elif path == "/healthz":
         await _respond(writer, 200, b"ok\n", head_only=head_only)
     elif path == "/readyz":
-        ok, reason = await _check(ready)
-        body = ("ready\n" if ok else f"not ready: {reason}\n").encode()
+        ok, reason, details = await _check(ready)
+        body = (("ready\n" if ok else f"not ready: {reason}\n") + "".join(f"{d}\n" for d in details)).encode()
         await _respond(writer, 200 if ok else 503, body, head_only=head_only)
     else:
         await _respond(writer, 404, b"not found: try /metrics, /healthz or /readyz\n", head_only=head_only)
 
 
-async def _check(ready: ReadyCheck) -> tuple[bool, str]:
-    """Run ``ready`` with a deadline; any failure becomes one masked line."""
+async def _check(ready: ReadyCheck) -> tuple[bool, str, list[str]]:
+    """Run ``ready`` with a deadline; any failure becomes one masked line. A
+    :class:`Readiness` adds detail lines (one per outbox), each masked and on one line."""
     try:
-        ok, reason = await asyncio.wait_for(ready(), READY_TIMEOUT_S)
+        result = await asyncio.wait_for(ready(), READY_TIMEOUT_S)
     except TimeoutError:
-        return False, f"readiness check did not answer within {READY_TIMEOUT_S:g}s"
+        return False, f"readiness check did not answer within {READY_TIMEOUT_S:g}s", []
     except Exception as exc:
-        return False, _one_line(f"{type(exc).__name__}: {exc}")
-    return ok, _one_line(reason)
+        return False, _one_line(f"{type(exc).__name__}: {exc}"), []
+    details: tuple[str, ...] = result.details if isinstance(result, Readiness) else ()
+    return result[0], _one_line(result[1]), [_one_line(line) for line in details]
 
 
 def _one_line(text: str) -> str:
@@ -190,7 +201,7 @@ def all_ready(*checks: ReadyCheck) -> ReadyCheck:
         for result in results:
             if isinstance(result, BaseException):
                 return False, f"{type(result).__name__}: {result}"
-            ok, reason = result
+            ok, reason = result[0], result[1]
             if not ok:
                 return False, reason
             reasons.append(reason)

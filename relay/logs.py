@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from contextvars import ContextVar
 from datetime import UTC, datetime
 
 from relay.dsn import mask
@@ -75,9 +76,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+# The outbox whose run logs (a process serving several: relay.fleet sets it in each
+# outbox's task, and every task that run starts inherits it).
+OUTBOX: ContextVar[str | None] = ContextVar("relay_outbox", default=None)
+
+
+class OutboxField(logging.Filter):
+    """Adds ``outbox=<name>`` to the records of an outbox's run in a process serving several."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = OUTBOX.get()
+        if name is not None and not hasattr(record, "outbox"):
+            record.outbox = name
+        return True
+
+
 def configure(level: str = "info", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(OutboxField())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -12,6 +12,7 @@ each other's tasks, and a run leaves nothing behind in the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -31,6 +32,7 @@ from relay.db.session import TRANSIENT_DB_ERRORS, check_schema, connect, open_po
 from relay.db.settings import SharedSettings, read_settings
 from relay.db.text import SQL_ASCII, server_encoding
 from relay.errors import ConfigError, first_line
+from relay.member import Member
 from relay.readiness import Destinations, not_ready
 from relay.services import Duty, Elected, Every, Service
 from relay.shared_settings import Given, disagreements
@@ -98,6 +100,7 @@ async def run_relay(
     given: Sequence[Given] = (),
     tracing: Tracing | None = None,
     ready: asyncio.Event | None = None,
+    member: Member | None = None,
 ) -> RunResult:
     """Dispatch with ``settings.workers`` workers until ``stop`` is set.
 
@@ -120,12 +123,18 @@ async def run_relay(
     checking the schema, connecting to the broker, checking the destinations): whatever
     that step is waiting for is abandoned, and the run returns with no stats.
 
+    ``member``: the outbox is one of several this process serves (relay.fleet); the run
+    borrows the member's pool, listener and metrics and the caller's started publisher,
+    closes none of them, and serves no endpoint of its own.
+
     Cancelling the task that runs this stops the relay at once (:func:`_supervise`): every
     task it started is cancelled and waited for, the rows in flight are handed back
     without spending an attempt, the broker connection is closed once no worker can
     publish any more, then the pool; then the CancelledError goes on.
     """
     operate = operate or Operations()
+    if member is not None:
+        return await _run_member(settings, publisher, stop, operate, given, tracing, ready, member)
     # This run's pool tasks inherit the flag (they are started in this context): see
     # _QuietAbandonedPool.
     quiet = _PoolQuiet()
@@ -163,6 +172,33 @@ async def run_relay(
             await publisher.close()
     finally:
         await _close_pool(pool, quiet, abandoned=stop.is_set() and not running)
+
+
+async def _run_member(
+    settings: RelaySettings,
+    publisher: Publisher,
+    stop: asyncio.Event,
+    operate: Operations,
+    given: Sequence[Given],
+    tracing: Tracing | None,
+    ready: asyncio.Event | None,
+    member: Member,
+) -> RunResult:
+    """run_relay's start-up for one outbox of several: what the process lends is open
+    already, and stays open when the run ends."""
+    pool = member.pool
+    for warning in settings.warnings:
+        log.warning("%s", warning)
+    stored = await _unless_stopped(stop, "checking the outbox", _prepare(settings, pool, stop, member))
+    if stored is None:
+        return RunResult(stats=[])
+    for line in disagreements(stored, given, settings.names):
+        log.warning("%s", line)
+    destinations = Destinations(publisher)
+    if await _unless_stopped(stop, "checking the destinations", destinations.check()) is None:
+        return RunResult(stats=[])
+    store = OutboxStore(pool, settings.names, settings.session)
+    return await _run(settings, operate, publisher, store, stored, pool, stop, tracing, destinations, ready, member)
 
 
 async def _started(publisher: Publisher) -> bool:
@@ -259,7 +295,7 @@ async def _abandon_step(task: asyncio.Future[T], discard: Callable[[T], Awaitabl
 
 
 async def _prepare(
-    settings: RelaySettings, pool: AsyncConnectionPool[Any], stop: asyncio.Event
+    settings: RelaySettings, pool: AsyncConnectionPool[Any], stop: asyncio.Event, member: Member | None = None
 ) -> SharedSettings | None:
     """Check the schema and read the shared settings. A database that answered the first
     connection but then drops sessions (a failover, pg_terminate_backend) is waited for,
@@ -276,6 +312,8 @@ async def _prepare(
             failures += 1
             delay = settings.worker.db_backoff.delay(failures).total_seconds()
             log.warning("database error while starting, retrying in %.1fs: %s", delay, first_line(exc))
+            if member is not None:
+                member.hold(f"database: {first_line(exc)}")
             await sleep_unless_stopped(stop, delay)
             if stop.is_set():
                 return None
@@ -298,22 +336,28 @@ async def _run(
     tracing: Tracing | None,
     destinations: Destinations,
     ready: asyncio.Event | None,
+    member: Member | None = None,
 ) -> RunResult:
     metrics = None
-    if operate.metrics_port is not None:
+    if member is not None:
+        metrics = member.metrics
+    elif operate.metrics_port is not None:
         from relay.metrics import RelayMetrics  # prometheus-client only when asked for
 
         metrics = RelayMetrics()
-        if isinstance(publisher, ReportsUnroutable):
-            held = publisher
-            metrics.watch_unroutable(lambda: len(held.unroutable()))
-    if isinstance(publisher, WatchesDestinations):
-        # Routes: one breaker each, for the metrics and for readiness.
-        def on_destination(name: str, is_open: bool) -> None:
-            destinations.destination_changed(name, is_open)
-            if metrics is not None:
-                metrics.set_destination_open(name, is_open)
+    if metrics is not None and isinstance(publisher, ReportsUnroutable):
+        held = publisher
+        metrics.watch_unroutable(lambda: len(held.unroutable()))
 
+    # Routes: one breaker each, for the metrics and for readiness.
+    def on_destination(name: str, is_open: bool) -> None:
+        destinations.destination_changed(name, is_open)
+        if metrics is not None:
+            metrics.set_destination_open(name, is_open)
+
+    if member is not None:  # the process watches the publisher it may share, and tells each outbox
+        member.on_destination.append(on_destination)
+    elif isinstance(publisher, WatchesDestinations):
         publisher.watch_destinations(on_destination)
     prefix = owner_prefix()
     owners = [f"{prefix}:{i}" for i in range(settings.workers)]
@@ -332,7 +376,7 @@ async def _run(
         Worker(store=store, publisher=publisher, owner=owner, config=settings.worker, wakeup=event, shared=shared)
         for owner, event in zip(owners, events, strict=True)
     ]
-    services = _services(settings, operate, pool, destinations, shared, events, metrics)
+    services = _services(settings, operate, pool, destinations, shared, events, metrics, member)
     log.info(
         "relay started: %d workers, broker %s, outbox %s, ordering %s (stored), wake-ups %s%s",
         len(workers),
@@ -342,13 +386,23 @@ async def _run(
         "on" if listening else f"off (polling every {settings.worker.poll_interval.total_seconds():g}s)",
         ", tracing on" if tracing is not None and tracing.enabled else "",
     )
-    await Supervisor(services).run(
-        [w.run(stop) for w in workers],
-        stop,
-        settings.shutdown_grace,
-        ready=ready,
-        names=[f"relay worker {w.owner} {settings.names.qualified}" for w in workers],
-    )
+    if member is not None:
+        from relay.httpd import all_ready, pool_check
+
+        member.delivering(all_ready(pool_check(pool, settings.names), _broker_check(shared, destinations)))
+    try:
+        await Supervisor(services).run(
+            [w.run(stop) for w in workers],
+            stop,
+            settings.shutdown_grace,
+            ready=ready,
+            names=[f"relay worker {w.owner} {settings.names.qualified}" for w in workers],
+        )
+    finally:
+        if member is not None:
+            member.hold("stopped")
+            with contextlib.suppress(ValueError):
+                member.on_destination.remove(on_destination)
     return RunResult(stats=[w.stats for w in workers])
 
 
@@ -360,21 +414,39 @@ def _services(
     shared: Shared,
     events: list[asyncio.Event],
     metrics: RelayMetrics | None,
+    member: Member | None,
 ) -> list[Service]:
     """The background duties of this run, in the order they start (and the reverse of the
     order they close): what the settings turn on."""
     # A destination the start-up check did not find is looked at again until it is there.
     services: list[Service] = [Duty("destination watch", destinations.watch)]
-    if metrics is not None and operate.metrics_port is not None:
+    if member is not None:
+        if metrics is not None:  # the process serves the endpoint; each outbox reads its own gauges
+            services.append(_gauge_refresh(metrics, pool, settings))
+    elif metrics is not None and operate.metrics_port is not None:
         services += _metrics_services(settings, operate, pool, destinations, shared, metrics)
     presence = shared.presence
-    if presence is not None:
+    if presence is not None and member is not None and member.channels is not None:
+        # The process's one LISTEN connection to this database wakes this outbox's workers.
+        channels = member.channels
+        removes: list[Callable[[], None]] = []
+
+        async def join() -> None:
+            removes.append(channels.add(settings.names, events, on_listening=presence.set_listening))
+
+        async def leave() -> None:
+            for remove in removes:
+                remove()
+
+        services.append(Duty("wake-up listener", _until_stopped, opening=join, closing=leave))
+    elif presence is not None and member is None:
         services.append(
             Duty(
                 "wake-up listener",
                 lambda stop: listen(settings.dsn, settings.names, events, stop, on_listening=presence.set_listening),
             )
         )
+    if presence is not None:
         # Neither idle nor working any more once closed: producers stop counting it.
         services.append(Duty("presence", presence.keep_alive, closing=presence.close))
     if operate.prune_older_than is not None:
@@ -401,14 +473,8 @@ def _metrics_services(
     assert port is not None
     server: list[asyncio.Server] = []
 
-    async def broker_ready() -> tuple[bool, str]:
-        reason = not_ready(shared.breaker, destinations)
-        if reason is not None:
-            return False, reason
-        return True, "broker and destinations accepting messages"
-
     async def bind() -> None:
-        ready_check = all_ready(pool_check(pool, settings.names), broker_ready)
+        ready_check = all_ready(pool_check(pool, settings.names), _broker_check(shared, destinations))
         server.append(await serve(port, metrics.registry, ready_check, host=operate.metrics_host))
         log.info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", operate.metrics_host, port)
 
@@ -419,8 +485,24 @@ def _metrics_services(
 
     return [
         Duty("metrics endpoint", _until_stopped, opening=bind, closing=unbind),
-        Every("gauge refresh", timedelta(seconds=GAUGE_REFRESH_S), lambda: _refresh_gauges(metrics, pool, settings)),
+        _gauge_refresh(metrics, pool, settings),
     ]
+
+
+def _gauge_refresh(metrics: RelayMetrics, pool: AsyncConnectionPool[Any], settings: RelaySettings) -> Service:
+    return Every("gauge refresh", timedelta(seconds=GAUGE_REFRESH_S), lambda: _refresh_gauges(metrics, pool, settings))
+
+
+def _broker_check(shared: Shared, destinations: Destinations) -> Callable[[], Awaitable[tuple[bool, str]]]:
+    """Readiness of the broker side: the process's breaker closed, every destination there."""
+
+    async def check() -> tuple[bool, str]:
+        reason = not_ready(shared.breaker, destinations)
+        if reason is not None:
+            return False, reason
+        return True, "broker and destinations accepting messages"
+
+    return check
 
 
 async def _until_stopped(stop: asyncio.Event) -> None:

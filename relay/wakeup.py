@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 import psycopg
@@ -64,38 +65,97 @@ async def listen(
 ) -> None:
     """Set every event in ``events`` whenever a notification arrives, until ``stop``.
     ``on_listening`` hears True once LISTEN is in place and False when the connection is lost."""
-    backoff = backoff or Backoff(base=timedelta(milliseconds=500), cap=timedelta(seconds=30))
-    failures = 0
-    while not stop.is_set():
-        try:
-            conn = await connect(dsn)
-        except DatabaseUnavailable as exc:
-            failures += 1
-            log.warning("wake-up listener cannot connect, polling meanwhile: %s", exc)
-            await sleep_unless_stopped(stop, backoff.delay(failures).total_seconds())
-            continue
-        try:
-            async with conn:
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(names))))
-                if on_listening is not None:
-                    on_listening(True)
-                if failures:
-                    log.info("wake-up listener reconnected")
-                failures = 0
-                # Wake everyone once: rows may have arrived while we were not listening.
-                for event in events:
-                    event.set()
-                while not stop.is_set():
-                    # A timeout lets us notice `stop`; each batch of notifications wakes once.
-                    async for _ in conn.notifies(timeout=1.0, stop_after=1):
-                        for event in events:
-                            event.set()
-        except psycopg.OperationalError as exc:
-            if on_listening is not None:
-                on_listening(False)
-            failures += 1
-            log.warning("wake-up listener lost its connection, polling meanwhile: %s", str(exc).strip())
-            await sleep_unless_stopped(stop, backoff.delay(failures).total_seconds())
+    channels = Channels()
+    channels.add(names, events, on_listening)
+    await channels.listen(dsn, stop, backoff=backoff)
+
+
+@dataclass
+class _Listener:
+    events: Sequence[asyncio.Event]
+    on_listening: Callable[[bool], None] | None
+    listening: bool = False
+
+    def tell(self, on: bool) -> None:
+        if self.on_listening is not None and on != self.listening:
+            self.on_listening(on)
+        self.listening = on
+
+
+class Channels:
+    """The outboxes one LISTEN connection serves (the outboxes of one database in a process
+    that serves several, :mod:`relay.fleet`): each outbox's channel wakes its own workers.
+    Outboxes come and go while it listens (an outbox's run starts again after a failure)."""
+
+    def __init__(self) -> None:
+        self._by_channel: dict[str, list[_Listener]] = {}
+        self._added = asyncio.Event()
+
+    def add(
+        self, names: OutboxNames, events: Sequence[asyncio.Event], on_listening: Callable[[bool], None] | None = None
+    ) -> Callable[[], None]:
+        """Wake ``events`` on ``names``' notifications from now on; returns what stops it."""
+        listener = _Listener(events, on_listening)
+        self._by_channel.setdefault(channel(names), []).append(listener)
+        self._added.set()
+
+        def remove() -> None:
+            listeners = self._by_channel.get(channel(names), [])
+            if listener in listeners:
+                listeners.remove(listener)
+            listener.tell(False)
+
+        return remove
+
+    async def listen(self, dsn: str, stop: asyncio.Event, *, backoff: Backoff | None = None) -> None:
+        """LISTEN on every channel added (and added later) on one connection, until ``stop``;
+        a lost connection is made again (polling covers the gap)."""
+        backoff = backoff or Backoff(base=timedelta(milliseconds=500), cap=timedelta(seconds=30))
+        failures = 0
+        while not stop.is_set():
+            try:
+                conn = await connect(dsn)
+            except DatabaseUnavailable as exc:
+                failures += 1
+                log.warning("wake-up listener cannot connect, polling meanwhile: %s", exc)
+                await sleep_unless_stopped(stop, backoff.delay(failures).total_seconds())
+                continue
+            try:
+                async with conn:
+                    heard: set[str] = set()
+                    while not stop.is_set():
+                        # Channels added since the last look (all of them on a new connection):
+                        # LISTEN, then wake their workers once, since rows may have arrived
+                        # while nobody listened.
+                        self._added.clear()
+                        for name in [c for c in self._by_channel if c not in heard]:
+                            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(name)))
+                            heard.add(name)
+                        for listeners in self._by_channel.values():
+                            for listener in listeners:
+                                if not listener.listening:
+                                    listener.tell(True)
+                                    for event in listener.events:
+                                        event.set()
+                        if failures:
+                            log.info("wake-up listener reconnected")
+                        failures = 0
+                        # A timeout lets us notice `stop` and new channels; a batch of
+                        # notifications wakes each outbox's workers once.
+                        woken: set[str] = set()
+                        async for note in conn.notifies(timeout=1.0, stop_after=1):
+                            woken.add(note.channel)
+                        for name in woken:
+                            for listener in self._by_channel.get(name, ()):
+                                for event in listener.events:
+                                    event.set()
+            except psycopg.OperationalError as exc:
+                for listeners in self._by_channel.values():
+                    for listener in listeners:
+                        listener.tell(False)
+                failures += 1
+                log.warning("wake-up listener lost its connection, polling meanwhile: %s", str(exc).strip())
+                await sleep_unless_stopped(stop, backoff.delay(failures).total_seconds())
 
 
 class Presence:

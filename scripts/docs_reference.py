@@ -44,6 +44,7 @@ from prometheus_client import Histogram
 
 import relay
 import relay.metrics
+import relay.outboxes
 from relay.adapters.registry import options_by_broker
 from relay.cli.common import ALL_OPTIONS, AsciiInt, DeclaredOption
 from relay.cli.main import cli
@@ -853,6 +854,10 @@ def _label_values(module: ModuleType) -> dict[str, str]:
             f"{code(m.ALL_DESTINATIONS)} for the process's own circuit breaker (the broker refuses"
             " everything), else a route's destination."
         ),
+        "outbox": (
+            "Only in a process serving several outboxes: each one's `name` in the config's `[[outboxes]]`"
+            f" (at most {relay.outboxes.MAX_OUTBOXES} per process, `[a-z0-9_-]`, at most 63 characters)."
+        ),
     }
 
 
@@ -1208,7 +1213,8 @@ def build_pages(missing: list[str] | None = None) -> dict[str, str]:
     """Every page's path (relative to the checkout) and text, from the code as it is."""
     return {
         CLI_PAGE: render_cli(cli, settings_groups()),
-        METRICS_PAGE: render_metrics(RelayMetrics(), relay.metrics),
+        # Several outboxes' series: a single outbox's are the same without the outbox label.
+        METRICS_PAGE: render_metrics(RelayMetrics(outboxes=True), relay.metrics),
         API_PAGE: render_python_api(relay, missing),
     }
 

@@ -192,15 +192,20 @@ async def _mark_returned(conn: psycopg.AsyncConnection[Any]) -> None:
         conn.returned_at = time.monotonic()
 
 
-async def open_pool(dsn: str, size: int, limits: SessionLimits | None = None) -> AsyncConnectionPool[Any]:
-    """A pool of ``size`` autocommit connections, checked by one real connection first,
-    each session set up by :func:`configure_session` with ``limits``."""
-    probe = await connect(dsn)
-    await probe.close()
+async def open_pool(
+    dsn: str, size: int, limits: SessionLimits | None = None, *, least: int | None = None, probe: bool = True
+) -> AsyncConnectionPool[Any]:
+    """A pool of ``size`` autocommit connections, checked by one real connection first
+    (unless not ``probe``: a database that is down then only makes its users wait), each
+    session set up by :func:`configure_session` with ``limits``. ``least``: keep only this
+    many open while idle (connections beyond it are closed after a minute unused)."""
+    if probe:
+        await (await connect(dsn)).close()
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         dsn,
-        min_size=size,
+        min_size=size if least is None else min(least, size),
         max_size=size,
+        max_idle=60.0,
         open=False,
         # The application name lets operators (and the fault tests) find the relay's
         # sessions in pg_stat_activity.
