@@ -38,7 +38,7 @@ from relay.db.names import OutboxNames
 from relay.db.session import SessionLimits, check_schema, configure_session, connect, open_pool
 from relay.errors import ConfigError, shown
 from relay.options import Option, check_file_keys, did_you_mean, load_file, resolve, unknown_variables
-from relay.outboxes import OUTBOXES_KEY, WHERE, listed, refuse_shared_where
+from relay.outboxes import OUTBOXES_KEY, WHERE, chosen_file, listed, refuse_shared_where
 from relay.replay import ReplayLimits
 from relay.routes import DEFAULT_DESTINATION, ROUTES_OPTION, destination_namer
 from relay.runner import Operations
@@ -145,13 +145,18 @@ def compose_outboxes(
     ``outboxes`` (relay.Relay's) list them (relay.outboxes); None when neither lists any.
     Every outbox is checked before anything connects, each error naming its outbox."""
     file = load_file(config)
-    entries = listed(file, outboxes, config)
-    if not entries:
-        return None
     env = dict(environ or {})
     known = {o.dest: o for o in START_ALL}
     top_given = _given_values(given, known, "relay setting", "`relay start`'s options")
-    refuse_shared_where(top_given, env, {d: known[d].env for d in WHERE})
+    if _chosen(top_given, env) is not None and not outboxes:
+        return None  # one outbox of the file's list, run as a relay of one (compose_start)
+    entries = listed(file, outboxes, config)
+    if not entries:
+        return None
+    if outboxes is None:
+        # A flag or variable would move every outbox the file lists to one place. Given to
+        # relay.Relay beside its list, it is a default under each entry's own.
+        refuse_shared_where(top_given, env, {d: known[d].env for d in WHERE})
     if config:
         check_file_keys({k: v for k, v in file.items() if k != OUTBOXES_KEY}, ALL_OPTIONS, config)
     checked: list[tuple[str, _Entered, RelaySettings]] = []
@@ -180,7 +185,7 @@ def compose_outboxes(
     first = each[0].parts
     return FleetParts(
         outboxes=each,
-        publishers=tuple(dict.fromkeys(publishers)),
+        publishers=tuple({id(p): p for p in publishers}.values()),  # by identity: some are unhashable
         operations=first.operations,
         log=first.log,
         tracing=first.tracing,
@@ -348,13 +353,18 @@ def _enter(
     whose: str,
 ) -> _Entered:
     raw = _given_values(given, {o.dest: o for o in options}, what, whose)
-    file = load_file(config)
+    env = dict(environ or {})
+    file = chosen_file(load_file(config), _chosen(raw, env), config, command=whose.removesuffix("'s options"))
     if config:
         # Against every declared setting: one file serves relay start, relay replay and the
         # operator commands alike (a [console] table is not a mistake here).
         check_file_keys(file, ALL_OPTIONS, config)
-    env = dict(environ or {})
     return _Entered(resolve(options, raw, file, env), raw, file, env)
+
+
+def _chosen(raw: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
+    """The outbox of a config file's list that ``--outbox`` (or RELAY_OUTBOX) names."""
+    return raw.get("outbox") or env.get("RELAY_OUTBOX") or None
 
 
 def _given_values(given: Mapping[str, Any], known: Mapping[str, Option], what: str, whose: str) -> dict[str, Any]:

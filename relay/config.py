@@ -32,6 +32,15 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option("schema", "str", "public", "Schema of the outbox table.", nonempty=True),
     Option("table", "str", "outbox", "Name of the outbox table.", nonempty=True),
+    Option(
+        "outbox",
+        "str",
+        None,
+        "With a config file that lists several outboxes ([[outboxes]]): the one to act on by its name"
+        " (relay start: run only it; relay status shows them all without it).",
+        metavar="NAME",
+        nonempty=True,
+    ),
 )
 
 # The relay's own sessions (relay start's pool, relay replay's session): its transactions

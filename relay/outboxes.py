@@ -6,8 +6,9 @@ Each entry names an outbox (``name``: the ``outbox`` label of the metrics, the k
 file sets outside the entries is every outbox's default, an entry's own value over it;
 flags and ``RELAY_*`` variables keep their rank above the file and so apply to every
 outbox. Where an outbox is (``dsn``, ``schema``, ``table``) is the entry's own business:
-a flag or variable giving it would move every outbox to one place, so it is refused; the
-file's top level may give a default (one database, a schema per tenant). The settings of
+a flag or variable giving it would move every outbox the file lists to one place, so it
+is refused; the file's top level may give a default (one database, a schema per tenant),
+as may the settings relay.Relay is given beside its list (each entry's own are over them). The settings of
 the process itself (the metrics endpoint, logging, tracing) are refused inside an entry.
 
 Nothing here connects: this module turns the listing into one set of option layers per
@@ -94,6 +95,32 @@ def listed(file: Mapping[str, Any], given: Sequence[Mapping[str, Any]] | None, p
             raise ConfigError(f"{source}: two outboxes are named {shown(e.name)}")
         seen[e.name] = e.name
     return entries
+
+
+def chosen_file(file: Mapping[str, Any], name: str | None, path: str | None, *, command: str) -> dict[str, Any]:
+    """The config file as one outbox reads it: ``file`` itself when it lists no outboxes,
+    else the top level with the entry named ``name`` over it. A file that lists several
+    and no ``name`` (``--outbox``, RELAY_OUTBOX) is refused: ``command`` acts on one."""
+    entries = listed(file, None, path)
+    if not entries:
+        if name is not None:
+            if not path:
+                raise ConfigError(
+                    f"--outbox {shown(name)} chooses among the outboxes a config file lists ([[outboxes]]),"
+                    " and no --config is given"
+                )
+            raise ConfigError(f"--outbox {shown(name)}: {path} lists no outboxes ([[outboxes]]) to choose from")
+        return dict(file)
+    names = [e.name for e in entries]
+    if name is None:
+        raise ConfigError(
+            f"{path} lists {len(entries)} outboxes: choose the one {command} acts on with --outbox NAME"
+            f" ({', '.join(names[:10])}{', ...' if len(names) > 10 else ''})"
+        )
+    for entry in entries:
+        if entry.name == name:
+            return dict(entry.file)
+    raise ConfigError(f"--outbox {shown(name)}: {path} lists no outbox of that name ({', '.join(names[:10])})")
 
 
 def merged(top: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from relay.db.session import check_schema, connect
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
 from relay.options import Option, SizeOption, check_file_keys, load_file, resolve, unknown_variables
+from relay.outboxes import chosen_file
 from relay.sizes import format_size
 from relay.wiring import ALL_OPTIONS, BROKER_OPTIONS, VARIABLES, publisher_for
 
@@ -156,13 +157,24 @@ def settings_for(options: Sequence[Option], cli_values: dict[str, Any]) -> dict[
     """``options``' values, each from its flag (in ``cli_values``, a command's keyword
     arguments), variable, the ``--config`` file or its default, keyed by dest."""
     path = cli_values.pop("config_path", None)
-    file = load_file(path)
-    if path:
-        check_file_keys(file, ALL_OPTIONS, path)
     # click names a flag's value after the flag (`port` for `relay console --port`); the
     # engine knows the option by its dest (console_port).
     cli = {o.dest: cli_values[o.param] for o in options if o.param in cli_values}
+    file = chosen_file(load_file(path), chosen_outbox(cli), path, command=command_name())
+    if path:
+        check_file_keys(file, ALL_OPTIONS, path)
     return resolve(options, cli, file)
+
+
+def chosen_outbox(cli: Mapping[str, Any]) -> str | None:
+    """The outbox of a config file's list that ``--outbox`` or RELAY_OUTBOX names."""
+    return cli.get("outbox") or os.environ.get("RELAY_OUTBOX") or None
+
+
+def command_name() -> str:
+    """The running command as typed (`relay dead list`), for messages."""
+    ctx = click.get_current_context(silent=True)
+    return f"`{ctx.command_path}`" if ctx is not None else "this command"
 
 
 def configure_logging(values: Mapping[str, Any]) -> None:

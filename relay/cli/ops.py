@@ -24,6 +24,8 @@ from relay.cli.common import (
     BROKER_OPTIONS,
     OPS_OPTIONS,
     check_text,
+    chosen_outbox,
+    configure_logging,
     masked_first_line,
     ops_target,
     run,
@@ -31,7 +33,7 @@ from relay.cli.common import (
     with_conn,
     with_options,
 )
-from relay.config import START_OPTIONS
+from relay.config import START_OPTIONS, names_from, require_dsn
 from relay.db.names import OutboxNames
 from relay.db.rows import Conn
 from relay.db.session import check_schema, connect
@@ -46,6 +48,7 @@ from relay.ops.release import parse_ids, release
 from relay.ops.render import jsonable, render_explanation, render_prune, render_release, render_status, to_json
 from relay.ops.status import read_status
 from relay.options import load_file, resolve
+from relay.outboxes import OutboxEntry, listed
 from relay.retention import SkipBlocking, prune
 from relay.routes import ROUTES_OPTION, destination_namer
 
@@ -65,6 +68,10 @@ def status_cmd(**cli_values: Any) -> None:
     """Is the relay keeping up? Counts, oldest waiting message, expired leases, attempts,
     blocked ordered aggregates (reads only unfinished rows; done is an estimate)."""
     config_path = cli_values.get("config_path")
+    entries = listed(load_file(config_path), None, config_path)
+    if entries and chosen_outbox(cli_values) is None:
+        _status_of_each(entries, cli_values)
+        return
     values = settings_for(STATUS_ALL, cli_values)
     by_event_type: bool = values["status_by_event_type"]
     as_json: bool = values["json"]
@@ -82,6 +89,60 @@ def status_cmd(**cli_values: Any) -> None:
     period: timedelta = values["status_interval"]
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends: exit 0
         run(lambda: _watch(dsn, names, frame, period, as_json))
+
+
+def _status_of_each(entries: list[OutboxEntry], cli_values: dict[str, Any]) -> None:
+    """`relay status` with a config file listing several outboxes and no --outbox: each
+    outbox's status under its name, in the file's order; one that cannot be read says why
+    (and the command exits 1 once all are shown)."""
+    path = cli_values.pop("config_path", None)
+    cli = {o.dest: cli_values[o.param] for o in STATUS_ALL if o.param in cli_values}
+    chosen = [(e, resolve(STATUS_ALL, cli, e.file)) for e in entries]
+    first = chosen[0][1]
+    configure_logging(first)
+    if first["status_by_event_type"]:
+        raise ConfigError("--by-event-type reads one outbox's routes: add --outbox NAME")
+    as_json: bool = first["json"]
+
+    async def each() -> tuple[str, bool]:
+        found = await asyncio.gather(*(_one_status(e.name, values, as_json) for e, values in chosen))
+        if as_json:
+            return json.dumps({"outboxes": [part for part, _ in found]}), all(ok for _, ok in found)
+        return "\n\n".join(str(part) for part, _ in found), all(ok for _, ok in found)
+
+    if not first["status_watch"]:
+        text, ok = run(each)
+        click.echo(text)
+        if not ok:
+            raise SystemExit(1)
+        return
+    period: timedelta = first["status_interval"]
+    in_place = sys.stdout.isatty() and not as_json
+    footer = f"\n\n{len(chosen)} outboxes of {path}; refreshing every {format_duration(period)}; Ctrl-C to stop"
+
+    async def watch() -> None:
+        while True:
+            text, _ = await each()
+            click.echo(CLEAR_SCREEN + text + footer if in_place else text + ("" if as_json else "\n"), nl=not in_place)
+            sys.stdout.flush()
+            await asyncio.sleep(period.total_seconds())
+
+    with contextlib.suppress(KeyboardInterrupt):
+        run(watch)
+
+
+async def _one_status(name: str, values: dict[str, Any], as_json: bool) -> tuple[Any, bool]:
+    """One outbox's part of a status of several: its text (or JSON object), and whether it
+    could be read. Errors are this outbox's alone (one line, masked)."""
+    try:
+        dsn, names = require_dsn(values), names_from(values)
+        status = await with_conn(dsn, names, lambda conn: read_status(conn, names))
+    except (ConfigError, DatabaseUnavailable, psycopg.Error) as exc:
+        error = masked_first_line(exc)
+        return ({"outbox": name, "error": error} if as_json else f"== outbox {name}\nerror: {error}"), False
+    if as_json:
+        return {"outbox": name, **to_json(status)}, True
+    return f"== outbox {name}\n" + render_status(status, names, describe_dsn(dsn)), True
 
 
 def _destinations(config_path: str | None) -> Callable[[str], str] | None:

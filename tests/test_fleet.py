@@ -1,0 +1,299 @@
+"""Several outboxes in one relay process ([[outboxes]], relay.fleet), against real
+PostgreSQL (two databases, several schemas) and RabbitMQ.
+
+The oracles are the producers' own commit logs (locking and unlocked producers) and what
+each outbox's queue received; isolation is judged by what the other outboxes deliver
+while one outbox's database is gone, read-only, locked, or its grants are revoked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from relay import Relay
+from relay.db.grants import GRANTS_LOCK, Grantee, statements
+from relay.db.names import OutboxNames
+from relay.db.statements import schema_sql
+from relay.testing import InMemoryPublisher
+from tests.conftest import Db, Roles, dsn_as
+from tests.deliveries import ORDERED, read_queue
+from tests.deliveries import check_deliveries as check_queue
+from tests.helpers import http_get
+from tests.producers import merged, producers_both_ways
+from tests.rabbitmq_broker import Rabbit
+from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until, wait_until_async
+from tests.test_readiness import free_port
+
+
+@dataclass
+class Outbox:
+    """One outbox of a test's fleet: its name in the config and where it is."""
+
+    name: str
+    owner_dsn: str
+    names: OutboxNames
+    relay_dsn: str
+    producer_dsn: str
+    db: Db
+
+
+@pytest.fixture
+def make_outbox(roles: Roles) -> Iterator[Callable[[str, str], Outbox]]:
+    """``make_outbox(name, owner_dsn)``: a migrated outbox in a schema of its own in the
+    database of ``owner_dsn``, the suite's producer and relay roles granted; dropped after."""
+    made: list[tuple[Outbox, list[psycopg.Connection[Any]]]] = []
+
+    def make(name: str, owner_dsn: str) -> Outbox:
+        names = OutboxNames(schema=f"f_{uuid.uuid4().hex[:12]}", table="outbox")
+        with psycopg.connect(owner_dsn, autocommit=True) as conn, conn.transaction():
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(names.schema)))
+            conn.execute(names.render(schema_sql()))
+        grant_roles(owner_dsn, names, roles)
+        producer_dsn = dsn_as(owner_dsn, roles.producer)
+        conns = [psycopg.connect(owner_dsn, autocommit=True), psycopg.connect(producer_dsn, autocommit=True)]
+        outbox = Outbox(
+            name, owner_dsn, names, dsn_as(owner_dsn, roles.relay), producer_dsn, Db(conns[0], names, conns[1])
+        )
+        made.append((outbox, conns))
+        return outbox
+
+    yield make
+    for outbox, conns in made:
+        for c in conns:
+            c.close()
+        try:
+            with psycopg.connect(outbox.owner_dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(outbox.names.schema)))
+        except psycopg.OperationalError:
+            pass  # its scratch database is gone already, and the schema with it
+
+
+def grant_roles(owner_dsn: str, names: OutboxNames, roles: Roles) -> None:
+    """What `relay migrate --grant-producer --grant-relay` grants (relay.db.grants), from a
+    test's own thread."""
+    with psycopg.connect(owner_dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (GRANTS_LOCK,))
+        [(database,)] = conn.execute("SELECT current_database()::text").fetchall()
+        for grantee in (Grantee("producer", roles.producer), Grantee("relay", roles.relay)):
+            for statement in statements(names, grantee, database):
+                conn.execute(statement)
+
+
+def fleet_config(path: Path, outboxes: list[Outbox], top: str, each: Callable[[Outbox], str] = lambda o: "") -> str:
+    """A config file listing ``outboxes`` (each as the relay role), ``top`` above them."""
+    entries = "".join(
+        f'\n[[outboxes]]\nname = "{o.name}"\ndsn = "{o.relay_dsn}"\nschema = "{o.names.schema}"\n{each(o)}'
+        for o in outboxes
+    )
+    path.write_text(top + entries)
+    return str(path)
+
+
+def database_of(dsn: str) -> str:
+    return conninfo_to_dict(dsn)["dbname"]
+
+
+def set_database(pg_dsn: str, database: str, setting: sql.Composable, role: str) -> None:
+    """An ALTER DATABASE, then every session ``role`` (the relays') has in that database
+    ended, so that its next ones meet the change (what a DBA's change or a failover looks
+    like to the relay). The test's own sessions stay."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} ").format(sql.Identifier(database)) + setting)
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND usename = %s",
+            (database, role),
+        )
+
+
+def readyz(port: int) -> tuple[int, str]:
+    try:
+        return http_get(f"http://127.0.0.1:{port}/readyz")
+    except OSError:
+        return 0, ""
+
+
+def line_of(body: str, name: str) -> str:
+    return next((line for line in body.splitlines() if line.startswith(f"outbox {name}:")), "")
+
+
+async def test_one_process_delivers_each_outbox_in_its_commit_order(
+    make_outbox: Callable[[str, str], Outbox], pg_dsn: str, scratch_dsn: str, rabbit: Rabbit, tmp_path: Path
+) -> None:
+    # Two outboxes in the test database, one in a database of its own; each to its own queue.
+    outboxes = [make_outbox("billing", pg_dsn), make_outbox("shipping", pg_dsn), make_outbox("tenant-3", scratch_dsn)]
+    queues = {}
+    for o in outboxes:
+        exchange = await rabbit.exchange("topic")
+        queues[o.name] = (exchange, await rabbit.queue(bind=(exchange, "#")))
+        stored = run_relay(
+            "migrate", "--dsn", o.owner_dsn, "--schema", o.names.schema, "--ordering-default", "unordered",
+            "--ordered", ORDERED,
+        )  # fmt: skip
+        assert stored.returncode == 0, stored.stderr
+    config = fleet_config(
+        tmp_path / "relay.toml",
+        outboxes,
+        f'broker = "rabbitmq"\nworkers = 2\nbatch_size = 20\n[rabbitmq]\nurl = "{rabbit.amqp.url}"\n',
+        # Each outbox its own exchange: a table of the entry, over the file's [rabbitmq].
+        lambda o: f'[outboxes.rabbitmq]\nexchange = "{queues[o.name][0]}"\n',
+    )
+    process = RelayProcess("start", "--config", config, env=relay_env())
+    try:
+        producing = [
+            producers_both_ways(
+                o.owner_dsn,
+                o.names,
+                locked_aggregates=[f"order-L{i}" for i in range(4)],
+                unlocked_aggregates=[f"order-U{i}" for i in range(3)],
+                locked_tx=8,
+                unlocked_rounds=6,
+                seeds=(i, i + 10),
+                locked_options={"unordered_type": "EmailQueued", "pause_s": 0.01},
+                unlocked_options={"pause_s": (0.0, 0.05)},
+                producer_dsn=o.producer_dsn,
+            )
+            for i, o in enumerate(outboxes)
+        ]
+        for _, _, thread in producing:
+            thread.join(timeout=120)
+        for o, (locked, unlocked, _) in zip(outboxes, producing, strict=True):
+            ids = {r["id"] for r in o.db.rows()}
+            got = await read_queue(rabbit.amqp, queues[o.name][1], ids, timeout=60)
+            assert got, (o.name, o.db.statuses(), process.tail())
+            check_queue(o.db, got, merged(locked, unlocked))
+        assert process.running(), process.tail()
+        log = process.stderr()
+        assert "relay started: 3 outboxes (billing, shipping, tenant-3), 2 database pools, 3 broker connections" in log
+        # Each outbox's lines name it (the start of each run, at least).
+        for o in outboxes:
+            assert f"outbox {o.names.qualified}" in log and f"outbox={o.name}" in log
+    finally:
+        process.stop()
+    process.assert_clean_exit()
+
+
+async def test_an_outbox_held_by_its_database_holds_nothing_else_and_resumes_by_itself(
+    make_outbox: Callable[[str, str], Outbox], pg_dsn: str, scratch_dsn: str, roles: Roles, tmp_path: Path
+) -> None:
+    steady, other = make_outbox("steady", pg_dsn), make_outbox("other", scratch_dsn)
+    port = free_port()
+    config = fleet_config(
+        tmp_path / "relay.toml",
+        [steady, other],
+        f'broker = "log"\nworkers = 1\npoll_interval = "200ms"\nmetrics_port = {port}\nmetrics_host = "127.0.0.1"\n'
+        'backoff_base = "100ms"\n',
+    )
+    process = RelayProcess("start", "--config", config, env=relay_env(), discard_stdout=True)
+    database = database_of(other.owner_dsn)
+    n = 0
+
+    def delivered_promptly(outbox: Outbox) -> float:
+        """Insert one event into ``outbox``: seconds until it is done."""
+        nonlocal n
+        n += 1
+        [oid] = outbox.db.insert([(f"a-{n}", "OrderPlaced", {"n": n})])
+        began = time.monotonic()
+        assert wait_until(lambda: outbox.db.row(oid)["status"] == "done", timeout=10), (outbox.name, process.tail())
+        return time.monotonic() - began
+
+    try:
+        assert wait_until(lambda: readyz(port)[0] == 200, timeout=20), process.tail()
+        body = readyz(port)[1]
+        assert body.startswith("ready") and "outbox steady: ready" in body and "outbox other: ready" in body, body
+        delivered_promptly(other)
+
+        def held_alone(why: str) -> None:
+            assert wait_until(lambda: "held" in line_of(readyz(port)[1], "other"), timeout=30), (
+                why,
+                readyz(port),
+                process.tail(),
+            )
+            status, body = readyz(port)
+            assert status == 503 and body.startswith("not ready: 1 of 2 outboxes held: other"), (why, body)
+            assert line_of(body, "steady") == "outbox steady: ready", (why, body)
+            for _ in range(3):
+                assert delivered_promptly(steady) < 3, why
+
+        def resumed(why: str) -> None:
+            assert wait_until(lambda: readyz(port)[0] == 200, timeout=60), (why, readyz(port), process.tail())
+            delivered_promptly(other)
+
+        # Its database goes away (no new connection is let in, the old ones are ended).
+        set_database(pg_dsn, database, sql.SQL("ALLOW_CONNECTIONS false"), roles.relay)
+        held_alone("database gone")
+        set_database(pg_dsn, database, sql.SQL("ALLOW_CONNECTIONS true"), roles.relay)
+        resumed("database back")
+
+        # It turns read-only (a standby promoted the other way, or a DBA's setting).
+        set_database(pg_dsn, database, sql.SQL("SET default_transaction_read_only = on"), roles.relay)
+        held_alone("read-only")
+        assert "read-only transaction" in process.stderr()
+        set_database(pg_dsn, database, sql.SQL("RESET default_transaction_read_only"), roles.relay)
+        resumed("writable again")
+
+        # Its grants are revoked from the relay's role, then granted again.
+        with psycopg.connect(other.owner_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA {} FROM {}").format(
+                    sql.Identifier(other.names.schema), sql.Identifier(roles.relay)
+                )
+            )
+        # Sessions keep what they had looked up: the relay meets the change in new ones.
+        set_database(pg_dsn, database, sql.SQL("RESET ALL"), roles.relay)
+        other.db.insert([("a-revoked", "OrderPlaced", {})])
+        held_alone("grants revoked")
+        assert "permission denied" in process.stderr()
+        grant_roles(other.owner_dsn, other.names, roles)
+        resumed("granted again")
+        assert other.db.statuses() == {"done": len(other.db.rows())}
+    finally:
+        set_database(pg_dsn, database, sql.SQL("ALLOW_CONNECTIONS true"), roles.relay)
+        set_database(pg_dsn, database, sql.SQL("RESET default_transaction_read_only"), roles.relay)
+        process.stop()
+    process.assert_clean_exit()
+
+
+async def test_a_locked_outbox_table_slows_only_its_own_outbox(
+    make_outbox: Callable[[str, str], Outbox], pg_dsn: str
+) -> None:
+    # In-process, through relay.Relay(outboxes=...): the same outbox list as a config file.
+    slow, quick = make_outbox("slow", pg_dsn), make_outbox("quick", pg_dsn)
+    publisher = InMemoryPublisher()
+    relay = Relay(
+        publisher=publisher,
+        workers=1,
+        poll_interval=0.2,
+        outboxes=[
+            {"name": o.name, "dsn": o.relay_dsn, "schema": o.names.schema, "statement_timeout": "2s"}
+            for o in (slow, quick)
+        ],
+    )
+    assert relay.outboxes == ("slow", "quick")
+    async with relay:
+        [first] = slow.db.insert([("s-0", "OrderPlaced", {})])
+        assert await wait_until_async(lambda: slow.db.row(first)["status"] == "done", timeout=10)
+        with psycopg.connect(pg_dsn) as locker:
+            locker.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(slow.db.table))
+            waited = []
+            for i in range(5):
+                [oid] = await asyncio.to_thread(quick.db.insert, [(f"q-{i}", "OrderPlaced", {"i": i})])
+                began = time.monotonic()
+                assert await wait_until_async(lambda oid=oid: quick.db.row(oid)["status"] == "done", timeout=10)
+                waited.append(time.monotonic() - began)
+            assert max(waited) < 2, waited  # the slow outbox's statements wait out their 2 s timeout meanwhile
+            locker.rollback()
+        [late] = slow.db.insert([("s-1", "OrderPlaced", {})])
+        assert await wait_until_async(lambda: slow.db.row(late)["status"] == "done", timeout=30)
+    assert relay.failed is None
+    assert len(publisher.delivered) == 7
