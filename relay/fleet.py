@@ -16,10 +16,10 @@ what would otherwise be repeated per outbox:
 Isolation: an outbox whose run fails (its database refuses the login or is read-only, its
 grants were revoked, its table is missing or not migrated, a bug) is logged, held, and
 started again after a pause that grows to a minute, while the others deliver; one whose
-database goes away waits for it inside its run, as a lone relay does. Fairness needs no
-scheduler: the workers of every outbox take turns on one event loop (a ready task waits
-for the ones ahead of it, each a step of a batch, never a whole backlog), and the pool
-hands connections out first come, first served.
+database goes away waits for it inside its run, as a lone relay does. Fairness: the workers of
+every outbox take turns on one event loop, each turn a step of one batch, never a whole
+backlog; a worker that wakes from idle with work goes before the workers draining a
+backlog (relay.arrivals); the pools hand connections out first come, first served.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from relay import logs
+from relay.arrivals import Arrivals
 from relay.backoff import Backoff
 from relay.compose import FleetParts, OutboxParts
 from relay.config import RelaySettings
@@ -41,6 +41,7 @@ from relay.contract import Publisher, WatchesDestinations
 from relay.db.session import SessionLimits, open_pool
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable, first_line
+from relay.logs import OUTBOX
 from relay.member import Member
 from relay.runner import run_relay
 from relay.sleep import sleep_unless_stopped
@@ -78,6 +79,7 @@ async def run_fleet(
     pools: dict[tuple[str, SessionLimits], AsyncConnectionPool[Any]] = {}
     channels: dict[str, Channels] = {}
     members: list[tuple[OutboxParts, Member]] = []
+    arrivals = Arrivals()
     started: list[Publisher] = []
     tasks: list[asyncio.Task[None]] = []
     server: asyncio.Server | None = None
@@ -91,6 +93,7 @@ async def run_fleet(
                 outbox.name,
                 pools[(s.dsn, s.session)],
                 channels=listen,
+                arrivals=arrivals,
                 metrics=None if metrics is None else metrics.for_outbox(outbox.name),
             )
             members.append((outbox, member))
@@ -116,7 +119,7 @@ async def run_fleet(
             tasks.append(asyncio.create_task(listening.listen(dsn, stop), name="relay wake-up listener"))
         for outbox, member in members:
             context = contextvars.copy_context()
-            context.run(logs.OUTBOX.set, outbox.name)
+            context.run(OUTBOX.set, outbox.name)
             tasks.append(
                 asyncio.create_task(
                     _keep(outbox, member, stop, restart), name=f"relay outbox {outbox.name}", context=context

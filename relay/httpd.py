@@ -177,13 +177,15 @@ def database_check(dsn: str, names: OutboxNames) -> ReadyCheck:
 
 
 def pool_check(pool: AsyncConnectionPool[Any], names: OutboxNames) -> ReadyCheck:
-    """Like :func:`database_check`, through a connection of ``pool``, so a probe does not
-    open a connection of its own (it waits at most :data:`READY_TIMEOUT_S` for one)."""
+    """A relay's database readiness, through a connection of ``pool`` (so a probe opens no
+    connection of its own; it waits at most :data:`READY_TIMEOUT_S` for one): a claim could
+    run now (:func:`relay.db.readmodel.claim_probe`: not on a read-only database, nor with
+    the role's grants revoked)."""
 
     async def check() -> tuple[bool, str]:
         try:
             async with pool.connection(timeout=READY_TIMEOUT_S) as conn:
-                await readmodel.ready_probe(conn, names)
+                await readmodel.claim_probe(conn, names)
         except Exception as exc:  # a pool timeout is not a psycopg.Error
             return False, f"database: {type(exc).__name__}: {exc}"
         return True, "database reachable"

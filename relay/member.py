@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from relay.arrivals import Arrivals
 from relay.wakeup import Channels
 
 if TYPE_CHECKING:  # prometheus-client is imported only when metrics are asked for
@@ -32,6 +33,7 @@ class Member:
     name: str
     pool: AsyncConnectionPool[Any]
     channels: Channels | None = None  # None: this outbox's relays are not woken (notify off)
+    arrivals: Arrivals | None = None  # the process's, shared by every outbox
     metrics: RelayMetrics | None = None
     # Set by the run while it delivers: database and broker checks of this outbox.
     check: ReadyCheck | None = None

@@ -371,6 +371,7 @@ async def _run(
         presence=Presence(store, prefix, owners, events) if listening else None,
         metrics=metrics,
         tracing=tracing,
+        arrivals=None if member is None else member.arrivals,
     )
     workers = [
         Worker(store=store, publisher=publisher, owner=owner, config=settings.worker, wakeup=event, shared=shared)

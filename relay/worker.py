@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol, TypeVar
 
+from relay.arrivals import Arrivals
 from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
 from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher, publish_within
@@ -38,6 +40,8 @@ T = TypeVar("T")
 # itself. Ten times a second keeps new aggregates and expired leases waiting well under
 # the poll interval, and spares the busy process the five statements they take.
 HOUSEKEEPING_INTERVAL_S = 0.1
+# Idle polls come after 90-100% of the poll interval (Worker._idle).
+POLL_JITTER = 0.1
 
 
 class Housekeeping:
@@ -177,8 +181,9 @@ class Shared:
     whole batch stops every worker's claims), one oversize turn (one message over
     ``batch_bytes`` in flight), one publish turn (a batch that failed as a whole is
     published apart while nothing else publishes), the metrics, the tracing, and the
-    process's presence row (only when it LISTENs), and the housekeeping's clock. A worker
-    made without one gets its own."""
+    process's presence row (only when it LISTENs), the housekeeping's clock, and in a process
+    serving several outboxes the arrivals of all of them (relay.arrivals). A worker made
+    without one gets its own."""
 
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     metrics: MetricsSink | None = None
@@ -187,6 +192,8 @@ class Shared:
     tracing: Tracing | None = None
     presence: Presence | None = None
     housekeeping: Housekeeping = field(default_factory=Housekeeping)
+    # The process serves several outboxes: workers waking from idle go before draining ones.
+    arrivals: Arrivals | None = None
 
 
 class Worker:
@@ -219,6 +226,7 @@ class Worker:
         self.tracing = shared.tracing or NO_TRACING
         self.turns = shared.turns
         self.housekeeping = shared.housekeeping
+        self.arrivals = shared.arrivals
         self.stats = WorkerStats()
         self._batch_size = config.batch_size  # grows while claims come back full
         self._saturated = False  # the last claim came back full
@@ -236,6 +244,12 @@ class Worker:
         prefetched batch (the first claim, an empty or refused prefetch, a breaker probe,
         ``pipeline=False``) the loop is the plain claim, publish, finalize.
         """
+        try:
+            await self._run(stop)
+        finally:
+            self._leave()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         batch: Batch | None = None  # claimed, to be published next
         pending = Finished()  # published, outcomes not written yet
         db_failures = 0
@@ -280,7 +294,10 @@ class Worker:
                         # per aggregate, and the next heads become ready the moment this
                         # batch is finalized. Nor does an ingest that took a whole turn:
                         # more committed rows wait to be numbered.
+                        self._leave()
                         await self._idle(stop)
+                        if self.arrivals is not None:
+                            self.arrivals.arrive(self.owner)
                     continue
             ahead = self._prefetch_budget(batch, stop)
             step = asyncio.create_task(self._write_then_claim(pending, ahead))
@@ -311,9 +328,11 @@ class Worker:
             return  # the process has just told the producers it is idle: look once more first
         waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wakeup.wait())}
         try:
-            await asyncio.wait(
-                waiters, timeout=self.config.poll_interval.total_seconds(), return_when=asyncio.FIRST_COMPLETED
-            )
+            # A tenth of jitter: the idle workers of a process (of many outboxes, relay.fleet)
+            # that started together would otherwise poll in step, each round a burst of claims
+            # that takes as many pool connections at once.
+            timeout = self.config.poll_interval.total_seconds() * random.uniform(1 - POLL_JITTER, 1)
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiter in waiters:
                 waiter.cancel()
@@ -384,13 +403,20 @@ class Worker:
         await self._write(Finished(decisions, oversize=batch.oversize))
 
     async def _write(self, done: Finished) -> None:
-        """Write a published batch's outcomes; then its oversize turn (if it held it) is free."""
+        """Write a published batch's outcomes; then its oversize turn (if it held it) is free,
+        and a worker that woke from idle has arrived."""
         try:
             if done.decisions:
                 await self._finalize(done.decisions)
         finally:
             if done.oversize:
                 self.oversize.release(self.owner)
+            if done.decisions:
+                self._leave()
+
+    def _leave(self) -> None:
+        if self.arrivals is not None:
+            self.arrivals.leave(self.owner)
 
     async def _claim_to_the_end(self, *, limit: int | None, probe: bool) -> tuple[Batch, int]:
         """:meth:`_claim`, run to its end even when the worker is cancelled meanwhile (a
@@ -415,6 +441,8 @@ class Worker:
         budget, a larger message alone if this worker gets the process's oversize turn.
         Rows that cannot become messages go to dead at once. Returns the batch and how many
         rows were leased, unreadable ones included."""
+        if self.arrivals is not None and self._saturated:
+            await self.arrivals.give_way()  # draining: an outbox that woke with work goes first
         started = time.monotonic()
         housekeeping = self.housekeeping.due(started, busy=self._saturated and not self._ingest_behind)
         batch_size = min(limit or self._batch_size, self._batch_size)
@@ -481,6 +509,8 @@ class Worker:
 
     async def _publish_batch(self, batch: Batch) -> list[Decision]:
         """Publish ``batch`` and decide each message's outcome; the breaker hears the verdict."""
+        if self.arrivals is not None and self._saturated:
+            await self.arrivals.give_way()
         messages = batch.messages
         timeout = self._deadline(batch)
         if timeout is None:
@@ -583,6 +613,8 @@ class Worker:
         """Write the decisions; if the database is unreachable, keep trying for as long as
         the lease lasts (fencing makes a late write safe). Past that the rows return to
         'pending' through their expired leases, and the messages are sent again."""
+        if self.arrivals is not None and self._saturated:
+            await self.arrivals.give_way()
         give_up = time.monotonic() + self.config.lease.total_seconds()
         failures = 0
         while True:

@@ -481,6 +481,10 @@ SELECT count(*) AS n
 -- Readiness: the database answers and the outbox table is there and readable.
 SELECT 1 FROM {outbox} LIMIT 0;
 
+-- claim_probe --
+-- Readiness of a relay: it could claim now. A zero-row FOR UPDATE fails as a claim would when the table is missing, this role may not lock its rows (grants revoked), or the database takes no writes (read-only, a standby).
+SELECT 1 FROM {outbox} LIMIT 0 FOR UPDATE;
+
 -- console_blocked --
 -- Ordered aggregates whose head is dead, oldest dead head first, with how many ordered messages wait behind each: from the dead rows (few) to their heads rows, as status_summary counts them.
 SELECT now() AS now, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.attempts, o.created_at,

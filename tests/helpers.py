@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -168,3 +169,11 @@ async def set_commit_order(owner_dsn: str, names: OutboxNames, mode: CommitOrder
     """`relay settings set --commit-order MODE` for ``names``, as the table's owner."""
     async with await psycopg.AsyncConnection.connect(owner_dsn, autocommit=True) as conn:
         await update_settings(conn, names, SettingsUpdate(commit_order=mode))
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a relay's metrics endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

@@ -29,11 +29,10 @@ from relay.testing import InMemoryPublisher
 from tests.conftest import Db, Roles, dsn_as
 from tests.deliveries import ORDERED, read_queue
 from tests.deliveries import check_deliveries as check_queue
-from tests.helpers import http_get
+from tests.helpers import free_port, http_get
 from tests.producers import merged, producers_both_ways
 from tests.rabbitmq_broker import Rabbit
 from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until, wait_until_async
-from tests.test_readiness import free_port
 
 
 @dataclass

@@ -18,17 +18,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from relay.db.names import OutboxNames
 from tests.conftest import Db
-from tests.helpers import http_get
+from tests.helpers import free_port, http_get
 from tests.producers import Arrival, CommitLog, order_violations, producers_both_ways
 from tests.rabbitmq_broker import Rabbit, relay_args, unique
 from tests.relay_process import RelayProcess, wait_until_async
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def readyz(port: int) -> tuple[int, str]:

@@ -444,3 +444,9 @@ async def aggregate_messages(
 async def ready_probe(conn: Conn, names: OutboxNames) -> None:
     """A zero-row read of the outbox table: raises unless it exists and is readable."""
     await conn.execute(statement(names, "ready_probe"))
+
+
+async def claim_probe(conn: Conn, names: OutboxNames) -> None:
+    """A zero-row lock of the outbox's rows: raises unless a claim could run now (the table
+    there, this role allowed to lock its rows, the database taking writes)."""
+    await conn.execute(statement(names, "claim_probe"))
