@@ -29,14 +29,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
-from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.rows import dict_row
 
 from relay.db.names import OutboxNames
 from relay.db.rows import Conn, Row, fetch_all, fetch_one
-from relay.db.statements import named_queries, statement
+from relay.db.statements import named_partition_ddl, statement
 from relay.errors import ConfigError
 
 log = logging.getLogger("relay.partitions")
@@ -223,9 +221,9 @@ class PartitionsPruned:
 
 
 def _render(names: OutboxNames, name: str, partition: str) -> sql.Composed:
-    """The named statement ``name`` of sql/partitions.sql with ``{partition}`` standing for
-    the partition ``partition`` of the outbox's schema (a name from the catalog)."""
-    text = named_queries()[name]
+    """The named statement ``name`` of sql/partition_ddl.sql with ``{partition}`` standing
+    for the partition ``partition`` of the outbox's schema (a name from the catalog)."""
+    text = named_partition_ddl()[name]
     keys = {key for _, key, _, _ in string.Formatter().parse(text) if key}
     filled = {
         key: sql.Identifier(names.schema, partition) if key == "partition" else names.identifier(key) for key in keys
@@ -373,8 +371,3 @@ async def _orphans(
         gone = await _drop_detached(conn, names, o["name"], lo, lo + size, params, kept)
         out += [gone] if gone else []
     return out
-
-
-def lacks_privilege(exc: psycopg.Error) -> bool:
-    """Whether ``exc`` is the database refusing this role a partition's DDL."""
-    return isinstance(exc, pg_errors.InsufficientPrivilege)

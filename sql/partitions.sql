@@ -1,8 +1,8 @@
 -- The statements of a partitioned outbox (relay.partitions, the one module that names them):
 -- creating one, keeping partitions ahead of the producers, and dropping finished ones.
--- Placeholders as in queries.sql, plus {partition}: one partition of the outbox, a quoted
--- schema-qualified identifier taken from the catalog. Values are always bound parameters;
--- DDL takes none, so the few numbers DDL needs are rendered by psycopg.sql.Literal.
+-- Placeholders as in queries.sql (the statements on one partition, which take a {partition}
+-- as well, are in partition_ddl.sql). Values are always bound parameters; DDL takes none, so
+-- the few numbers DDL needs are rendered by psycopg.sql.Literal.
 
 -- partition_kind --
 -- Whether the outbox is partitioned (pg_class.relkind 'p': readable by every role, unlike <table>_partitioning) and whether this session's role may act as its owner (detach and drop partitions).
@@ -151,32 +151,6 @@ SELECT count(*) AS rows,
        coalesce(bool_or(created_at >= %(cutoff)s), false) AS newer
   FROM {outbox}
  WHERE id >= %(lo)s AND id < %(hi)s;
-
--- partition_detached_rows --
--- The same, on a partition just detached and locked (ACCESS EXCLUSIVE, in the transaction that drops it): rows a producer's transaction wrote into it while it was being detached show here, and it is attached again instead of dropped.
-SELECT count(*) AS rows,
-       count(*) FILTER (WHERE status = 'done') AS done,
-       count(*) FILTER (WHERE status = 'dead') AS dead,
-       count(*) FILTER (WHERE NOT (
-           (status = 'done' AND done_at < %(cutoff)s)
-           OR (%(include_dead)s AND status = 'dead' AND NOT ordered AND created_at < %(cutoff)s))) AS unfinished
-  FROM {partition};
-
--- partition_lock --
--- Take the detached partition before it is checked and dropped.
-LOCK TABLE {partition} IN ACCESS EXCLUSIVE MODE;
-
--- partition_detach --
--- Detach a partition without blocking producers and relays (SHARE UPDATE EXCLUSIVE on the outbox; it waits for every transaction that may see the partition). Not in a transaction block.
-ALTER TABLE {outbox} DETACH PARTITION {partition} CONCURRENTLY;
-
--- partition_detach_finalize --
--- Finish a DETACH ... CONCURRENTLY that was interrupted (the partition is left "detach pending" otherwise).
-ALTER TABLE {outbox} DETACH PARTITION {partition} FINALIZE;
-
--- partition_drop --
--- Drop a detached partition whose every row was found finished under its lock.
-DROP TABLE {partition};
 
 -- partition_prune_turn --
 -- One relay prune at a time drops partitions of an outbox (a session lock, released when it is done): two would detach the same partition.
