@@ -259,7 +259,9 @@ async def drop_finished(
     any after it, nor one holding a head. ``conn`` in autocommit mode."""
     kind = await fetch_all(conn, names, "partition_kind", {"schema": names.schema, "table": names.table})
     if not kind or not kind[0]["owner"]:
-        return PartitionsPruned((), (), refused="only the outbox's owner may drop its partitions: run relay prune as it")
+        return PartitionsPruned(
+            (), (), refused="only the outbox's owner may drop its partitions: run relay prune as it"
+        )
     turn = await fetch_one(conn, names, "partition_prune_turn")
     if not turn["taken"]:
         return PartitionsPruned((), (), refused="another relay prune is dropping partitions of this outbox")

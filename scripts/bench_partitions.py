@@ -41,12 +41,12 @@ from psycopg_pool import AsyncConnectionPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from relay.db.dispatch import OutboxStore  # noqa: E402
-from relay.db.migrate import migrate  # noqa: E402
-from relay.db.names import OutboxNames  # noqa: E402
-from relay.message import Decision  # noqa: E402
-from relay.partitions import PartitionSpec, keep_ahead  # noqa: E402
-from relay.retention import prune  # noqa: E402
+from relay.db.dispatch import OutboxStore
+from relay.db.migrate import migrate
+from relay.db.names import OutboxNames
+from relay.message import Decision
+from relay.partitions import PartitionSpec, keep_ahead
+from relay.retention import prune
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 # Done rows as the relay leaves them, created and finished two days before the run.

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -42,9 +40,9 @@ async def _partition(pg_dsn: str, names: OutboxNames, size: int = SIZE, ahead: i
 
 
 @pytest.fixture
-async def parted(pg_dsn: str, names: OutboxNames) -> AsyncIterator[OutboxNames]:
+async def parted(pg_dsn: str, names: OutboxNames) -> OutboxNames:
     await _partition(pg_dsn, names)
-    yield names
+    return names
 
 
 def _partitions(db: Db) -> list[str]:
@@ -205,13 +203,14 @@ async def test_prune_drops_finished_partitions_and_says_why_it_keeps_the_others(
     _finish(db)
     # p0001 (20..39): two rows still pending. p0002: one dead. p0003: all done. p0004 holds
     # the last id (80).
-    db.conn.execute(
-        sql.SQL("UPDATE {} SET status = 'pending', done_at = NULL WHERE id IN (22, 31)").format(db.table)
-    )
+    db.conn.execute(sql.SQL("UPDATE {} SET status = 'pending', done_at = NULL WHERE id IN (22, 31)").format(db.table))
     db.conn.execute(sql.SQL("UPDATE {} SET status = 'dead', done_at = NULL WHERE id = 45").format(db.table))
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         dry = await prune(conn, parted, timedelta(hours=1), dry_run=True)
-        assert dry.partitions is not None and [p.name for p in dry.partitions.dropped] == ["outbox_p0000", "outbox_p0003"]
+        assert dry.partitions is not None and [p.name for p in dry.partitions.dropped] == [
+            "outbox_p0000",
+            "outbox_p0003",
+        ]
         assert _partitions(db)[0] == "outbox_p0000"
         result = await prune(conn, parted, timedelta(hours=1))
     assert result.partitions is not None
@@ -262,7 +261,7 @@ async def test_a_row_that_lands_while_its_partition_is_detached_is_attached_agai
         async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
             result = await prune(conn, parted, timedelta(hours=1))
     finally:
-        time.sleep(0.6)
+        await asyncio.sleep(0.6)
         late.close()
     assert result.partitions is not None and "outbox_p0000" not in {p.name for p in result.partitions.dropped}
     why = {k.name: k.why for k in result.partitions.kept}

@@ -26,7 +26,7 @@ from psycopg.rows import dict_row
 from relay.db.names import OutboxNames
 from relay.db.statements import migrations, statement
 from relay.errors import ConfigError, DatabaseUnavailable
-from relay.partitions import Ahead, PartitionSpec, Partitioned, keep_ahead, partition_outbox
+from relay.partitions import Ahead, Partitioned, PartitionSpec, keep_ahead, partition_outbox
 
 log = logging.getLogger("relay.db.migrate")
 

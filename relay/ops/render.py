@@ -380,7 +380,9 @@ def _render_partitions_pruned(result: PruneResult, names: OutboxNames) -> str:
     if result.include_dead:
         lines += _blocking_lines(result)
     else:
-        lines.append("  a dead row keeps its partition (--include-dead lets the unordered ones created before the cutoff go)")
+        lines.append(
+            "  a dead row keeps its partition (--include-dead lets the unordered ones created before the cutoff go)"
+        )
     if result.heads is not None:
         lines.append(_heads_line(result.heads, result.dry_run))
     if result.dry_run:
