@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from relay.db.partitions import DEFAULT_AHEAD
 from relay.options import DAY, HOUR, MINUTE, MS, SECOND, Option
-from relay.partitions import DEFAULT_AHEAD
 from relay.replay import MAX_EXCLUDED
 from relay.retention import DEFAULT_BATCH
 
@@ -497,7 +497,7 @@ REPLAY_RUN_OPTIONS: tuple[Option, ...] = (
 )  # fmt: skip
 
 
-# ---- relay migrate: a partitioned outbox (relay.partitions, docs/partitioning.md)
+# ---- relay migrate: a partitioned outbox (relay.db.partitions, docs/partitioning.md)
 
 MIGRATE_PARTITION_OPTIONS: tuple[Option, ...] = (
     Option(

@@ -24,7 +24,7 @@ of every ordered aggregate with nothing unfinished that has numbered nothing for
 long, so ``<table>_heads`` does not keep a row for every aggregate ever seen; such an
 aggregate starts again at ``aggregate_seq`` 1 if it comes back.
 
-On a partitioned outbox (relay.partitions) nothing is deleted row by row: prune drops the
+On a partitioned outbox (relay.db.partitions) nothing is deleted row by row: prune drops the
 partitions whose every row qualifies by the same rule (done before the cutoff; with
 ``include_dead``, dead unordered rows created before it), and keeps, saying why, every
 other one (a pending, processing or dead row, a row finished after the cutoff, a head),
@@ -43,10 +43,10 @@ from typing import Any, Protocol
 from relay.db import history
 from relay.db.history import BlockingDead
 from relay.db.names import OutboxNames
+from relay.db.partitions import PartitionsPruned, drop_finished, is_partitioned
 from relay.db.rows import Conn
 from relay.durations import format_duration
 from relay.errors import ConfigError
-from relay.partitions import PartitionsPruned, drop_finished, is_partitioned
 
 log = logging.getLogger("relay.prune")
 

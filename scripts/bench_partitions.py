@@ -1,4 +1,4 @@
-"""A partitioned outbox (relay.partitions) beside a plain one, same run, same rows.
+"""A partitioned outbox (relay.db.partitions) beside a plain one, same run, same rows.
 
 (a) Retention of ``--rows`` done rows: `relay prune` on a partitioned outbox (detach and drop
     whole partitions) against `relay prune` on a plain one (today's batched DELETE, 5,000 ids
@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from relay.db.dispatch import OutboxStore
 from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
+from relay.db.partitions import PartitionSpec, keep_ahead
 from relay.message import Decision
-from relay.partitions import PartitionSpec, keep_ahead
 from relay.retention import prune
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"

@@ -1,4 +1,4 @@
--- The statements on one partition of a partitioned outbox (relay.partitions), one per
+-- The statements on one partition of a partitioned outbox (relay.db.partitions), one per
 -- `-- name --` header with a one-line description. Placeholders as in queries.sql, plus
 -- {partition}: the partition, a quoted schema-qualified identifier whose name comes from the
 -- catalog. Kept apart from the named statements every store renders with the outbox's names

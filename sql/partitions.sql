@@ -1,4 +1,4 @@
--- The statements of a partitioned outbox (relay.partitions, the one module that names them):
+-- The statements of a partitioned outbox (relay.db.partitions, the one module that names them):
 -- creating one, keeping partitions ahead of the producers, and dropping finished ones.
 -- Placeholders as in queries.sql (the statements on one partition, which take a {partition}
 -- as well, are in partition_ddl.sql). Values are always bound parameters; DDL takes none, so

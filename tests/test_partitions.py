@@ -1,4 +1,4 @@
-"""A partitioned outbox (relay.partitions, migration 0018): created by `relay migrate`, kept
+"""A partitioned outbox (relay.db.partitions, migration 0018): created by `relay migrate`, kept
 ahead of the producers, pruned by the partition, and run by the same relay, claims, ordering
 and operator commands as a plain one.
 
@@ -21,15 +21,15 @@ from psycopg import sql
 
 from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
+from relay.db.partitions import PartitionSpec, keep_ahead
 from relay.db.statements import schema_sql
 from relay.errors import ConfigError
-from relay.partitions import PartitionSpec, keep_ahead
 from relay.retention import prune
+from tests.commit_order_helpers import RelayInThread, assert_commit_order, relay_settings
 from tests.conftest import Db
 from tests.ops_helpers import relay_json, target
 from tests.producers import CommitLog, LockedProducers, create_producer_tables
 from tests.relay_process import RelayProcess, run_relay, wait_until
-from tests.test_commit_order import RelayInThread, assert_commit_order, relay_settings
 
 SIZE = 20
 

@@ -22,11 +22,11 @@ from relay.config import (
 from relay.db import grants
 from relay.db.migrate import migrate as apply_migrations
 from relay.db.migrate import pg_message
+from relay.db.partitions import PartitionSpec
 from relay.db.session import connect
 from relay.db.settings import SettingsUpdate, update_settings
 from relay.errors import ConfigError
 from relay.operator_options import MIGRATE_PARTITION_OPTIONS
-from relay.partitions import PartitionSpec
 from relay.shared_settings import SHARED_OPTIONS, render_change
 
 # For migrate, the shared settings' options default to "not given": only a map (or a

@@ -24,9 +24,9 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from relay.db.names import OutboxNames
+from relay.db.partitions import Ahead, Partitioned, PartitionSpec, keep_ahead, partition_outbox
 from relay.db.statements import migrations, statement
 from relay.errors import ConfigError, DatabaseUnavailable
-from relay.partitions import Ahead, Partitioned, PartitionSpec, keep_ahead, partition_outbox
 
 log = logging.getLogger("relay.db.migrate")
 
@@ -46,7 +46,7 @@ class MigrationRefused(ConfigError):
 class MigrationResult:
     applied: list[str]
     already: list[str]
-    # A partitioned outbox (relay.partitions): what it is and the partitions kept ahead,
+    # A partitioned outbox (relay.db.partitions): what it is and the partitions kept ahead,
     # created in the same transaction; None for a plain one.
     partitioned: Partitioned | None = None
     ahead: Ahead | None = None

@@ -23,7 +23,7 @@ _SCHEMA = "schema.sql"
 # the operator tools' renderers (which fill every statement with names alone) never see
 # them: relay.db.grants reads them through named_grants().
 _GRANTS = "grants.sql"
-# The statements on one partition take a {partition} as well (relay.partitions renders
+# The statements on one partition take a {partition} as well (relay.db.partitions renders
 # them): read through named_partition_ddl(), like the grants.
 _PARTITION_DDL = "partition_ddl.sql"
 
@@ -81,7 +81,7 @@ def named_grants() -> dict[str, str]:
 
 @cache
 def named_partition_ddl() -> dict[str, str]:
-    """The named statements of ``sql/partition_ddl.sql`` (relay.partitions), parsed once per process."""
+    """The named statements of ``sql/partition_ddl.sql`` (relay.db.partitions), parsed once per process."""
     return _parse((sql_dir() / _PARTITION_DDL).read_text(encoding="utf-8"))
 
 

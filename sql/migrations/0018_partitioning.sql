@@ -8,12 +8,12 @@
 -- the outbox's (on a partitioned outbox they fire on one of its partitions).
 
 -- One row when the outbox is partitioned (written by `relay migrate --partition-by id`,
--- relay.partitions), none when it is a plain table. Read only by <table>_keep_ahead (which
+-- relay.db.partitions), none when it is a plain table. Read only by <table>_keep_ahead (which
 -- runs as the owner) and the owner's `relay migrate`: relays and operators tell a
 -- partitioned outbox by the catalog (pg_class.relkind).
 CREATE TABLE {q_partitioning} (
     singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
-    key        text        NOT NULL CHECK (key = 'id'),  -- the partition key: ids (time was measured and left out)
+    key        text        NOT NULL CHECK (key = 'id'),  -- the partition key: ids (time is not implemented)
     size       bigint      NOT NULL CHECK (size > 0),    -- ids per partition: <table>_pN holds [N * size, (N + 1) * size)
     ahead      integer     NOT NULL CHECK (ahead >= 1),  -- partitions kept beyond the one the next id goes to
     created_at timestamptz NOT NULL DEFAULT now()

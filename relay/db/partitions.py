@@ -37,7 +37,7 @@ from relay.db.rows import Conn, Row, fetch_all, fetch_one
 from relay.db.statements import named_partition_ddl, statement
 from relay.errors import ConfigError
 
-log = logging.getLogger("relay.partitions")
+log = logging.getLogger("relay.db.partitions")
 
 # Partitions kept beyond the one the next id goes to, unless `relay migrate --partitions-ahead`
 # says otherwise. With keep_ahead run every minute by the elected relay, 4 partitions of
