@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from relay.db.partitions import DEFAULT_AHEAD
 from relay.options import DAY, HOUR, MINUTE, MS, SECOND, Option
 from relay.replay import MAX_EXCLUDED
 from relay.retention import DEFAULT_BATCH
@@ -496,6 +497,42 @@ REPLAY_RUN_OPTIONS: tuple[Option, ...] = (
 )  # fmt: skip
 
 
+# ---- relay migrate: a partitioned outbox (relay.db.partitions, docs/partitioning.md)
+
+MIGRATE_PARTITION_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "partition_by",
+        "choice",
+        None,
+        "Make the outbox range-partitioned by id (a new or empty one; a partitioned one stays so), so that"
+        " relay prune drops finished partitions instead of deleting rows. Needs --partition-size.",
+        choices=("id",),
+        click_checked=True,
+        # Command-line only, as the options below: the table's shape is chosen by the one run
+        # that creates it, never by a variable that every later `relay migrate` would read.
+        cli_only=True,
+    ),
+    Option(
+        "partition_size",
+        "int",
+        None,
+        "With --partition-by id: ids per partition (e.g. 1000000, about a day of rows); fixed once chosen.",
+        minimum=1,
+        maximum=10**15,
+        cli_only=True,
+    ),
+    Option(
+        "partitions_ahead",
+        "int",
+        DEFAULT_AHEAD,
+        "With --partition-by id: partitions kept beyond the one the next id goes to.",
+        minimum=1,
+        maximum=1000,
+        cli_only=True,
+    ),
+)
+
+
 def _each_once(*options: Option) -> tuple[Option, ...]:
     """``options`` without a second declaration of a dest: the first stays (JSON, DRY_RUN, BY
     and REASON, listed first, rather than a command's rewording of their help)."""
@@ -521,4 +558,5 @@ OPERATOR_OPTIONS: tuple[Option, ...] = _each_once(
     *REPLAY_RUN_OPTIONS,
     *RELEASE_OWN_OPTIONS,
     *SETTINGS_SET_OPTIONS,
+    *MIGRATE_PARTITION_OPTIONS,
 )

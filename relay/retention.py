@@ -23,6 +23,13 @@ With ``heads_idle_for``, prune also forgets the heads row (the ``aggregate_seq``
 of every ordered aggregate with nothing unfinished that has numbered nothing for that
 long, so ``<table>_heads`` does not keep a row for every aggregate ever seen; such an
 aggregate starts again at ``aggregate_seq`` 1 if it comes back.
+
+On a partitioned outbox (relay.db.partitions) nothing is deleted row by row: prune drops the
+partitions whose every row qualifies by the same rule (done before the cutoff; with
+``include_dead``, dead unordered rows created before it), and keeps, saying why, every
+other one (a pending, processing or dead row, a row finished after the cutoff, a head),
+as well as the partition holding the last id and those ahead of it. The dead ordered rows
+are counted and skipped as above, and the heads forgotten as above.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Any, Protocol
 from relay.db import history
 from relay.db.history import BlockingDead
 from relay.db.names import OutboxNames
+from relay.db.partitions import PartitionsPruned, drop_finished, is_partitioned
 from relay.db.rows import Conn
 from relay.durations import format_duration
 from relay.errors import ConfigError
@@ -119,6 +127,9 @@ class PruneResult:
     blocking: BlockingDead | None = None
     skipped: int = 0  # of those, skipped (skip_blocking; in a dry run: would be)
     heads: HeadsResult | None = None
+    # A partitioned outbox: the partitions dropped (their rows are counted in done and dead)
+    # and kept; None for a plain outbox.
+    partitions: PartitionsPruned | None = None
 
     @property
     def deleted(self) -> int:
@@ -162,6 +173,34 @@ async def prune(
         blocking = await history.prune_blocking_count(conn, names, cutoff, SAMPLE)
         if skip_blocking is not None and blocking.n:
             skipped = blocking.n if dry_run else await _skip_blocking(conn, names, cutoff, skip_blocking)
+    if await is_partitioned(conn, names):
+        dropped = await drop_finished(conn, names, cutoff, include_dead=include_dead, dry_run=dry_run)
+        heads = None if heads_idle_for is None else await _forget_heads(conn, names, heads_idle_for, batch, dry_run)
+        log.info(
+            "%s %d partitions of %s (%d done and %d dead rows) older than %s; %d kept",
+            "prune dry run: would drop" if dry_run else "pruned",
+            len(dropped.dropped),
+            names.qualified,
+            dropped.done,
+            dropped.dead,
+            format_duration(older_than),
+            len(dropped.kept) + dropped.more_kept,
+        )
+        return PruneResult(
+            cutoff=cutoff,
+            older_than=older_than,
+            include_dead=include_dead,
+            dry_run=dry_run,
+            done=dropped.done,
+            dead=dropped.dead,
+            batches=0,
+            scanned=0,
+            last_id=None,
+            blocking=blocking,
+            skipped=skipped,
+            heads=heads,
+            partitions=dropped,
+        )
     after, batches, scanned, done, dead = 0, 0, 0, 0, 0
     while True:
         chunk = await history.prune_chunk(

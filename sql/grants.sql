@@ -46,10 +46,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {q_heads}, {q_commits}, {q_settings}, {q
 GRANT SELECT ON {q_migrations} TO {role};
 
 -- grant_relay_functions --
--- Relays: the functions the claims, the heads trigger, relay status, relay explain, relay replay and the console call.
+-- Relays: the functions the claims, the heads trigger, relay status, relay explain, relay replay and the console call, and the one that keeps partitions ahead (0018; it runs as the owner).
 GRANT EXECUTE ON FUNCTION {q_is_ordered}(text, text[], text[], text[], text[], boolean), {q_unfinished_ordered}(text),
     {q_history}(text, text), {q_fingerprint}(text), {q_dead_group}(text),
-    {q_event_id}(uuid, bigint, xid8, timestamptz) TO {role};
+    {q_event_id}(uuid, bigint, xid8, timestamptz), {q_keep_ahead}() TO {role};
 
 -- grant_relay_temporary --
 -- Relays: relay replay keeps its plan in a temporary table of its own session (sql/replay.sql).

@@ -73,8 +73,14 @@ SELECT now() AS now,
        blocked.behind AS waiting_behind_blocked,
        -- The statistics system's live-row count (kept current by inserts and deletes,
        -- corrected by every vacuum and analyze) minus the exact unfinished counts.
-       (SELECT pg_stat_get_live_tuples(rel.oid) FROM rel) AS live_estimate,
-       (SELECT pg_total_relation_size(rel.oid) FROM rel) AS total_bytes
+       -- A partitioned outbox (0018) keeps neither in its own entry: its partitions' sum
+       -- (pg_partition_tree lists nothing for a plain table).
+       (SELECT coalesce((SELECT sum(pg_stat_get_live_tuples(t.relid))::bigint
+                           FROM pg_partition_tree(rel.oid) AS t WHERE t.isleaf),
+                        pg_stat_get_live_tuples(rel.oid)) FROM rel) AS live_estimate,
+       (SELECT coalesce((SELECT sum(pg_total_relation_size(t.relid))::bigint
+                           FROM pg_partition_tree(rel.oid) AS t WHERE t.isleaf),
+                        pg_total_relation_size(rel.oid)) FROM rel) AS total_bytes
   FROM unordered, ordered_pending, leased, dead, blocked;
 
 -- status_wakeups --

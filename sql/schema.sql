@@ -1,5 +1,5 @@
 -- The schema of one outbox as an empty schema holds it after every migration (0001 to
--- 0017), in one file to read: each object in its final form, with why it is there. Objects
+-- 0018), in one file to read: each object in its final form, with why it is there. Objects
 -- a later migration dropped are absent, functions appear in their last version, and what
 -- only converted existing rows (back-fills, renumbering) is left out: there are none here.
 --
@@ -199,7 +199,8 @@ INSERT INTO {q_settings} DEFAULT VALUES;
 -- new rows at its next claim anyway, so its producers' commits skip the database-wide
 -- lock that a notifying transaction takes at COMMIT. The size is the payload's before it
 -- is stored: pg_column_size() then reads its length header, whatever the payload's size,
--- where the stored value would count a compressed payload by its compressed size.
+-- where the stored value would count a compressed payload by its compressed size. The
+-- channel is the outbox's ("schema.table") also when the row lands in a partition (0018).
 CREATE FUNCTION {q_route}() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
@@ -212,7 +213,11 @@ BEGIN
       FROM {q_settings} AS s;
     NEW.payload_bytes := pg_column_size(NEW.payload);
     IF wake THEN
-        PERFORM pg_notify(TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, '');
+        PERFORM pg_notify(coalesce((SELECT n.nspname || '.' || c.relname
+                                      FROM pg_catalog.pg_class AS c
+                                      JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+                                     WHERE c.oid = pg_catalog.pg_partition_root(TG_RELID)),
+                                   TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME), '');
     END IF;
     RETURN NEW;
 END
@@ -275,8 +280,9 @@ CREATE TABLE {q_commits} (
 );
 
 -- Runs at COMMIT (deferred) for every ordered row a transaction inserted; only the first
--- call of a transaction writes. The flag is transaction-local and keyed by the table's
--- oid, so two outboxes written in one transaction each get their stamp. SECURITY DEFINER
+-- call of a transaction writes. The flag is transaction-local and keyed by the outbox's
+-- oid, so two outboxes written in one transaction each get their stamp (the root's, 0018:
+-- rows of one transaction in two partitions of a partitioned outbox share one). SECURITY DEFINER
 -- (0011): it writes as the owner, so producers need no grant on <table>_commits or the
 -- sequence and cannot forge stamps; the search_path is pinned against anything a
 -- producer's session puts on its own.
@@ -286,7 +292,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    flag text := 'outbox_relay.stamped_' || TG_RELID;
+    flag text := 'outbox_relay.stamped_' || coalesce(pg_partition_root(TG_RELID)::oid, TG_RELID);
 BEGIN
     IF current_setting(flag, true) = 'on' THEN
         RETURN NULL;
@@ -448,6 +454,90 @@ CREATE TRIGGER {n_follow_heads_del} AFTER DELETE ON {outbox}
     REFERENCING OLD TABLE AS changed
     FOR EACH STATEMENT EXECUTE FUNCTION {q_follow_heads}();
 
+-- ---- Partitions (0018)
+
+-- One row when the outbox is partitioned (written by `relay migrate --partition-by id`,
+-- relay.db.partitions), none when it is a plain table. Read only by <table>_keep_ahead (which
+-- runs as the owner) and the owner's `relay migrate`: relays and operators tell a
+-- partitioned outbox by the catalog (pg_class.relkind).
+CREATE TABLE {q_partitioning} (
+    singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    key        text        NOT NULL CHECK (key = 'id'),  -- the partition key: ids (time is not implemented)
+    size       bigint      NOT NULL CHECK (size > 0),    -- ids per partition: <table>_pN holds [N * size, (N + 1) * size)
+    ahead      integer     NOT NULL CHECK (ahead >= 1),  -- partitions kept beyond the one the next id goes to
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Creates the partitions a partitioned outbox lacks: the one the next id goes to and `ahead`
+-- beyond it, so that a producer's INSERT always finds its partition (there is no DEFAULT
+-- partition: one would hold rows no drop could take, and attaching a partition would have to
+-- scan it). Idempotent, and safe when several relays (and `relay migrate`) call it at once:
+-- they take turns on an advisory lock and each creates only what is still missing. Returns
+-- whether the outbox is partitioned, the partitions it created, the next id and the first id
+-- with no partition yet.
+--
+-- SECURITY DEFINER: only the owner may create partitions, and the relays (which run it, the
+-- elected one every few minutes) hold no DDL. It creates nothing but the partitions the
+-- <table>_partitioning row asks for. Each partition is made as a table of its own and then
+-- attached, which takes SHARE UPDATE EXCLUSIVE on the outbox (CREATE TABLE ... PARTITION OF
+-- takes ACCESS EXCLUSIVE, and would queue every producer and claim behind a long query).
+--
+-- The two unique indexes on aggregate_id (at most one message in flight per aggregate, one
+-- unfinished row per (aggregate, aggregate_seq)) cannot be built on a partitioned table
+-- without the partition key, so each partition gets its own: they hold within a partition,
+-- and across partitions what they only double-check is kept by the claims and the ingest
+-- (one head per aggregate, locked when claimed; numbers drawn under the ingest's turn).
+--
+-- The outbox's name is written in quotes below as a regclass literal: names are validated
+-- identifiers ([a-z_][a-z0-9_]*, relay.db.names), rendered quoted.
+CREATE FUNCTION {q_keep_ahead}()
+RETURNS TABLE (partitioned boolean, created text[], next_id bigint, covered_to bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    outbox regclass := '{outbox}';
+    cfg    record;
+    nsp    text;
+    base   text;
+    cur    bigint;
+    first  bigint;
+    part   text;
+    made   text[] := ARRAY[]::text[];
+BEGIN
+    SELECT p.size, p.ahead INTO cfg FROM {q_partitioning} AS p;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT false, made, NULL::bigint, NULL::bigint;
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('outbox-relay:partitions:' || outbox::oid, 0));
+    SELECT n.nspname, c.relname INTO nsp, base
+      FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = outbox;
+    -- The identity's last value (NULL before the first insert): ids above it are to come.
+    cur := coalesce(pg_sequence_last_value(pg_get_serial_sequence(outbox::text, 'id')::regclass), 0);
+    first := (cur + 1) / cfg.size;
+    FOR n IN first .. first + cfg.ahead LOOP
+        part := base || '_p' || lpad(n::text, 4, '0');
+        CONTINUE WHEN to_regclass(format('%I.%I', nsp, part)) IS NOT NULL;
+        EXECUTE format('CREATE TABLE %I.%I (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', nsp, part, outbox);
+        EXECUTE format('CREATE UNIQUE INDEX %I ON %I.%I (aggregate_id) WHERE ordered AND status = ''processing''',
+                       part || '_in_flight', nsp, part);
+        EXECUTE format('CREATE UNIQUE INDEX %I ON %I.%I (aggregate_id, aggregate_seq)'
+                       ' WHERE ordered AND status IN (''pending'', ''processing'', ''dead'') AND aggregate_seq IS NOT NULL',
+                       part || '_seq', nsp, part);
+        EXECUTE format('ALTER TABLE %s ATTACH PARTITION %I.%I FOR VALUES FROM (%s) TO (%s)',
+                       outbox, nsp, part, n * cfg.size, (n + 1) * cfg.size);
+        made := made || part;
+    END LOOP;
+    RETURN QUERY SELECT true, made, cur + 1, (first + cfg.ahead + 1) * cfg.size;
+END
+$$;
+
+-- Only the relays' role calls it (granted by relay migrate --grant-relay), and the owner.
+REVOKE ALL ON FUNCTION {q_keep_ahead}() FROM PUBLIC;
+
 -- ---- Kept only to stop relays older than migration 0004 with a clear message
 --
 -- Up to 0003 an aggregate was ordered by (xid, id), a row became a head only below the
@@ -571,4 +661,5 @@ INSERT INTO {q_migrations} (version, name) VALUES
     (14, 'dead_groups'),
     (15, 'event_identity'),
     (16, 'commit_order'),
-    (17, 'epoch_counter');
+    (17, 'epoch_counter'),
+    (18, 'partitioning');

@@ -8,7 +8,6 @@ the design reference's pattern (producers lock the aggregate) first, then the ot
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -21,7 +20,6 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from relay.config import CORE_OPTIONS, START_OPTIONS, RelaySettings
 from relay.db.commit_order import CommitOrder, ingest_by_id
 from relay.db.dispatch import OutboxStore
 from relay.db.grants import Grantee, grant
@@ -32,17 +30,14 @@ from relay.db.settings import read_settings, store_ordering
 from relay.db.statements import named_queries
 from relay.message import Decision, OutboxMessage
 from relay.ops import deadletters
-from relay.options import resolve
 from relay.ordering import OrderingMap
-from relay.runner import run_relay
-from relay.testing import InMemoryPublisher
+from tests.commit_order_helpers import RelayInThread, assert_commit_order, relay_settings, seq_problems
 from tests.conftest import Db, Roles
 from tests.helpers import set_commit_order
 from tests.producers import (
     CommitLog,
     LockedProducers,
     create_producer_tables,
-    first_deliveries,
     order_violations,
     produce_unlocked,
 )
@@ -50,71 +45,11 @@ from tests.producers import (
 LEASE = timedelta(seconds=30)
 
 
-def relay_settings(pg_dsn: str, names: OutboxNames, **over: object) -> RelaySettings:
-    values = resolve((*CORE_OPTIONS, *START_OPTIONS), {}, {}, {})
-    values.update(
-        dsn=pg_dsn,
-        schema=names.schema,
-        table=names.table,
-        broker="log",
-        workers=3,
-        batch_size=20,
-        poll_interval=timedelta(milliseconds=50),
-        ordering_default="ordered",
-        unordered=("Email*",),
-    )
-    values.update(over)
-    return RelaySettings.from_values(values)
-
-
 def with_options(dsn: str, **settings: str) -> str:
     """``dsn`` whose sessions start with ``settings``, as a deployment's connection string
     may set them (``options=-c name=value``; a space in a value is escaped for libpq)."""
     escaped = {name: value.replace(" ", "\\ ") for name, value in settings.items()}
     return make_conninfo(dsn, options=" ".join(f"-c {name}={value}" for name, value in escaped.items()))
-
-
-def seq_problems(delivered_first: list[OutboxMessage]) -> list[str]:
-    """aggregate_seq must read 1, 2, 3, ... per aggregate in first-delivery order."""
-    seen: dict[str, list[int | None]] = {}
-    for m in delivered_first:
-        if m.ordered:
-            seen.setdefault(m.aggregate_id, []).append(m.aggregate_seq)
-    return [f"{a}: {got}" for a, got in seen.items() if got != list(range(1, len(got) + 1))]
-
-
-def assert_commit_order(log: CommitLog, publisher: InMemoryPublisher) -> None:
-    first = [m for m in first_deliveries(publisher.delivered) if m.ordered]
-    problems = order_violations(log.expected(), first)
-    assert not problems, f"{len(problems)} aggregates out of commit order, e.g. {problems[:3]}"
-    problems = seq_problems(first)
-    assert not problems, f"aggregate_seq not 1, 2, 3, ...: {problems[:3]}"
-    assert log.ids() <= {m.id for m in first}
-
-
-class RelayInThread:
-    """`run_relay` (3 workers, the in-memory broker) on an event loop of the test's own."""
-
-    def __init__(self, settings: RelaySettings) -> None:
-        self.publisher = InMemoryPublisher()
-        self.settings = settings
-
-    async def run_while(self, produce: Any, expected_ids: Any, timeout: float = 60) -> None:
-        # The map first, as `relay migrate --ordered ...` would: rows are routed on insert.
-        async with await psycopg.AsyncConnection.connect(self.settings.dsn, autocommit=True) as conn:
-            await store_ordering(conn, self.settings.names, self.settings.ordering)
-        stop = asyncio.Event()
-        relay = asyncio.create_task(run_relay(self.settings, self.publisher, stop))
-        try:
-            await asyncio.to_thread(produce)
-            deadline = asyncio.get_running_loop().time() + timeout
-            while not expected_ids() <= set(self.publisher.delivered_ids()):
-                assert asyncio.get_running_loop().time() < deadline, "not everything was delivered in time"
-                assert not relay.done(), relay
-                await asyncio.sleep(0.05)
-        finally:
-            stop.set()
-            await relay
 
 
 @pytest.fixture

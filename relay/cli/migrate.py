@@ -22,9 +22,11 @@ from relay.config import (
 from relay.db import grants
 from relay.db.migrate import migrate as apply_migrations
 from relay.db.migrate import pg_message
+from relay.db.partitions import PartitionSpec
 from relay.db.session import connect
 from relay.db.settings import SettingsUpdate, update_settings
 from relay.errors import ConfigError
+from relay.operator_options import MIGRATE_PARTITION_OPTIONS
 from relay.shared_settings import SHARED_OPTIONS, render_change
 
 # For migrate, the shared settings' options default to "not given": only a map (or a
@@ -33,6 +35,7 @@ MIGRATE_OPTIONS = (
     *CORE_OPTIONS,
     *(replace(o, default=None) for o in SHARED_OPTIONS),
     *GRANT_OPTIONS,
+    *MIGRATE_PARTITION_OPTIONS,
     *LOG_OPTIONS,
 )
 
@@ -46,6 +49,8 @@ def migrate_cmd(**cli_values: Any) -> None:
     store that ordering map, so rows are routed by it from then on; with --notify/--no-notify,
     store whether producers' inserts wake the relays. Both are shared by every relay of the
     outbox (`relay settings show`); without these options the stored settings stay as they are.
+    With --partition-by id --partition-size N, make a new (or empty) outbox range-partitioned
+    by id; on a partitioned outbox every run creates the partitions missing ahead.
     With --grant-producer ROLE / --grant-relay ROLE (repeatable), grant those existing roles
     what producers and relays need, and nothing more (`relay grants` prints the SQL instead).
     """
@@ -59,6 +64,14 @@ def migrate_cmd(**cli_values: Any) -> None:
     else:
         update = SettingsUpdate(notify=values["notify"]) if values["notify"] is not None else None
 
+    partitioning = None
+    if values["partition_by"] is not None:
+        if values["partition_size"] is None:
+            raise ConfigError("--partition-by id needs --partition-size N (ids per partition, e.g. 1000000)")
+        partitioning = PartitionSpec(size=values["partition_size"], ahead=values["partitions_ahead"])
+    elif values["partition_size"] is not None:
+        raise ConfigError("--partition-size is for --partition-by id: give both, or neither")
+
     chosen = grants.grantees(values["grant_producer"] or (), values["grant_relay"] or ())
 
     async def run() -> None:
@@ -66,7 +79,7 @@ def migrate_cmd(**cli_values: Any) -> None:
         async with conn:
             # A misspelt role is refused before anything is migrated.
             await grants.database_for(conn, chosen)
-            result = await apply_migrations(conn, names)
+            result = await apply_migrations(conn, names, partitioning)
             if chosen:
                 try:
                     await grants.grant(conn, names, chosen)
@@ -82,6 +95,17 @@ def migrate_cmd(**cli_values: Any) -> None:
             click.echo(f"{names.qualified}: applied {label}")
         if not result.applied:
             click.echo(f"{names.qualified}: up to date ({len(result.already)} migrations applied earlier)")
+        if result.partitioned is not None and result.partitioned.converted:
+            click.echo(
+                f"{names.qualified}: partitioned by id, {result.partitioned.size:,} ids per partition,"
+                f" {result.partitioned.ahead} kept ahead"
+            )
+        if result.ahead is not None:
+            made = ", ".join(result.ahead.created) or "none missing"
+            click.echo(
+                f"{names.qualified}: partitions ahead: {made}; ids up to {(result.ahead.covered_to or 1) - 1:,}"
+                f" have a partition (next id {result.ahead.next_id:,})"
+            )
         if ordering is not None:
             click.echo(f"{names.qualified}: ordering map stored: {ordering.describe()}")
         if change is not None:

@@ -24,6 +24,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from relay.db.names import OutboxNames
+from relay.db.partitions import Ahead, Partitioned, PartitionSpec, keep_ahead, partition_outbox
 from relay.db.statements import migrations, statement
 from relay.errors import ConfigError, DatabaseUnavailable
 
@@ -45,17 +46,25 @@ class MigrationRefused(ConfigError):
 class MigrationResult:
     applied: list[str]
     already: list[str]
+    # A partitioned outbox (relay.db.partitions): what it is and the partitions kept ahead,
+    # created in the same transaction; None for a plain one.
+    partitioned: Partitioned | None = None
+    ahead: Ahead | None = None
 
 
-async def migrate(conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> MigrationResult:
-    """Bring the outbox ``names`` up to the newest migration; idempotent.
+async def migrate(
+    conn: psycopg.AsyncConnection[Any], names: OutboxNames, partitioning: PartitionSpec | None = None
+) -> MigrationResult:
+    """Bring the outbox ``names`` up to the newest migration; idempotent. With
+    ``partitioning``, also make it partitioned by id (an empty plain outbox is converted, a
+    non-empty one refused); a partitioned outbox gets its missing partitions ahead either way.
 
     Raises :class:`MigrationRefused` for what the database refuses (nothing is changed then)
     and :class:`relay.errors.DatabaseUnavailable` if the session fails on the way.
     """
     refuse_system_schema(names)
     try:
-        return await _migrate(conn, names)
+        return await _migrate(conn, names, partitioning)
     except (pg_errors.InsufficientPrivilege, *_DUPLICATES, pg_errors.ReadOnlySqlTransaction) as exc:
         raise await _refusal(conn, names, exc) from None
     except psycopg.OperationalError as exc:  # lost session, statement or lock timeout
@@ -75,7 +84,9 @@ def refuse_system_schema(names: OutboxNames) -> None:
         )
 
 
-async def _migrate(conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> MigrationResult:
+async def _migrate(
+    conn: psycopg.AsyncConnection[Any], names: OutboxNames, partitioning: PartitionSpec | None
+) -> MigrationResult:
     ledger = names.identifier("q_migrations")
     async with conn.transaction():
         # The lock comes first: even CREATE ... IF NOT EXISTS races when two run at once.
@@ -127,11 +138,17 @@ async def _migrate(conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> Mi
                 sql.SQL("INSERT INTO {} (version, name) VALUES (%s, %s)").format(ledger), (version, name)
             )
             applied.append(label)
+        # Under the same lock and in the same transaction: a conversion refused rolls back
+        # the migrations with it, and two `relay migrate` never convert at once.
+        partitioned = await partition_outbox(conn, names, partitioning) if partitioning is not None else None
+        ahead = partitioned.partitions if partitioned is not None else await keep_ahead(conn, names)
     # Only now: a refusal part-way rolls back every one of them. Debug: the caller reports
     # the result (`relay migrate` prints one line per migration; at info each was said twice).
     for label in applied:
         log.debug("applied migration %s to %s", label, names.qualified)
-    return MigrationResult(applied=applied, already=already)
+    return MigrationResult(
+        applied=applied, already=already, partitioned=partitioned, ahead=ahead if ahead.partitioned else None
+    )
 
 
 def _lacks(names: OutboxNames, access: dict[str, Any], privilege: str, on: str, otherwise: str) -> MigrationRefused:

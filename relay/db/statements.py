@@ -23,6 +23,9 @@ _SCHEMA = "schema.sql"
 # the operator tools' renderers (which fill every statement with names alone) never see
 # them: relay.db.grants reads them through named_grants().
 _GRANTS = "grants.sql"
+# The statements on one partition take a {partition} as well (relay.db.partitions renders
+# them): read through named_partition_ddl(), like the grants.
+_PARTITION_DDL = "partition_ddl.sql"
 
 
 def sql_dir() -> Path:
@@ -40,7 +43,7 @@ def named_queries() -> dict[str, str]:
     per process."""
     queries: dict[str, str] = {}
     for path in sorted(sql_dir().glob("*.sql")):
-        if path.name in (_SCHEMA, _GRANTS):
+        if path.name in (_SCHEMA, _GRANTS, _PARTITION_DDL):
             continue
         for name, statement in _parse(path.read_text(encoding="utf-8")).items():
             if name in queries:
@@ -74,6 +77,12 @@ def statement(names: OutboxNames, name: str) -> sql.Composed:
 def named_grants() -> dict[str, str]:
     """The named statements of ``sql/grants.sql`` (relay.db.grants), parsed once per process."""
     return _parse((sql_dir() / _GRANTS).read_text(encoding="utf-8"))
+
+
+@cache
+def named_partition_ddl() -> dict[str, str]:
+    """The named statements of ``sql/partition_ddl.sql`` (relay.db.partitions), parsed once per process."""
+    return _parse((sql_dir() / _PARTITION_DDL).read_text(encoding="utf-8"))
 
 
 def migrations() -> list[tuple[int, str, str]]:

@@ -332,6 +332,8 @@ def render_groups(view: DeadGroups, flt: DeadFilter) -> str:
 
 def render_prune(result: PruneResult, names: OutboxNames) -> str:
     """One paragraph saying what was (or would be) removed, skipped and forgotten."""
+    if result.partitions is not None:
+        return _render_partitions_pruned(result, names)
     verb = "would delete" if result.dry_run else "deleted"
     lines = [
         f"{'dry run: ' if result.dry_run else ''}{names.qualified}: {verb} {result.done:,} done row"
@@ -347,6 +349,40 @@ def render_prune(result: PruneResult, names: OutboxNames) -> str:
         f"  {result.batches:,} batch{'es' if result.batches != 1 else ''}, {result.scanned:,} rows read"
         + (f", stopped after id {result.last_id}" if result.last_id is not None else "")
     )
+    if result.heads is not None:
+        lines.append(_heads_line(result.heads, result.dry_run))
+    if result.dry_run:
+        lines.append("  nothing changed")
+    return "\n".join(lines)
+
+
+def _render_partitions_pruned(result: PruneResult, names: OutboxNames) -> str:
+    """A partitioned outbox's prune: the partitions dropped, and each kept one with why."""
+    p = result.partitions
+    assert p is not None
+    verb = "would drop" if result.dry_run else "dropped"
+    n = len(p.dropped)
+    lines = [
+        f"{'dry run: ' if result.dry_run else ''}{names.qualified}: {verb} {n:,} partition{'s' if n != 1 else ''}"
+        f" ({result.done:,} done row{'s' if result.done != 1 else ''}"
+        + (f", {result.dead:,} dead unordered" if result.include_dead else "")
+        + f") whose every row finished before {result.cutoff.isoformat(timespec='seconds')}"
+        f" (older than {format_duration(result.older_than)})",
+    ]
+    if p.refused:
+        lines.append(f"  nothing dropped: {p.refused}")
+    for d in p.dropped:
+        lines.append(f"  {d.name}: {verb} (ids {d.lo}..{d.hi - 1}, {d.done + d.dead:,} rows)")
+    for k in p.kept:
+        lines.append(f"  {k.name}: kept, {k.why}")
+    if p.more_kept:
+        lines.append(f"  and {p.more_kept:,} more partitions kept")
+    if result.include_dead:
+        lines += _blocking_lines(result)
+    else:
+        lines.append(
+            "  a dead row keeps its partition (--include-dead lets the unordered ones created before the cutoff go)"
+        )
     if result.heads is not None:
         lines.append(_heads_line(result.heads, result.dry_run))
     if result.dry_run:

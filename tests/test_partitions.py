@@ -1,0 +1,356 @@
+"""A partitioned outbox (relay.db.partitions, migration 0018): created by `relay migrate`, kept
+ahead of the producers, pruned by the partition, and run by the same relay, claims, ordering
+and operator commands as a plain one.
+
+Each test converts the empty outbox of the `names` fixture (granted to the suite's producer
+and relay roles, which the conversion carries over) into one of a few dozen ids per
+partition, so that ordinary test volumes cross many partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from relay.db.migrate import migrate
+from relay.db.names import OutboxNames
+from relay.db.partitions import PartitionSpec, keep_ahead
+from relay.db.statements import schema_sql
+from relay.errors import ConfigError
+from relay.retention import prune
+from tests.commit_order_helpers import RelayInThread, assert_commit_order, relay_settings
+from tests.conftest import Db
+from tests.ops_helpers import relay_json, target
+from tests.producers import CommitLog, LockedProducers, create_producer_tables
+from tests.relay_process import RelayProcess, run_relay, wait_until
+
+SIZE = 20
+
+
+async def _partition(pg_dsn: str, names: OutboxNames, size: int = SIZE, ahead: int = 2) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await migrate(conn, names, PartitionSpec(size=size, ahead=ahead))
+
+
+@pytest.fixture
+async def parted(pg_dsn: str, names: OutboxNames) -> OutboxNames:
+    await _partition(pg_dsn, names)
+    return names
+
+
+def _partitions(db: Db) -> list[str]:
+    rows = db.conn.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = %s::regclass ORDER BY c.relname",
+        (db.names.qualified,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _insert(db: Db, n: int, aggregate: str = "a", event_type: str = "EmailQueued") -> None:
+    """``n`` rows as the producer, partitions kept ahead between chunks as an elected relay
+    keeps them (the fixture's two ahead hold 59 ids)."""
+    for start in range(0, n, SIZE):
+        db.insert([(aggregate, event_type, {}) for _ in range(min(SIZE, n - start))])
+        db.conn.execute(sql.SQL("SELECT {}()").format(sql.Identifier(db.names.schema, "outbox_keep_ahead")))
+
+
+def _finish(db: Db, where: str = "true", status: str = "done") -> None:
+    db.conn.execute(
+        sql.SQL(
+            "UPDATE {} SET status = %s, done_at = CASE WHEN %s = 'done' THEN now() - interval '1 day' END,"
+            " created_at = now() - interval '2 days'"
+            " WHERE status = 'pending' AND " + where
+        ).format(db.table),
+        (status, status),
+    )
+
+
+# ---- the table
+
+
+def _catalog(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
+    """What the relay relies on of an outbox: columns, checks, indexes and triggers, by name."""
+    q = {
+        "columns": """SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                             pg_get_expr(d.adbin, d.adrelid), a.attidentity
+                        FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                       WHERE a.attrelid = %(t)s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY 1""",
+        "checks": """SELECT conname, pg_get_constraintdef(oid), obj_description(oid, 'pg_constraint')
+                       FROM pg_constraint WHERE conrelid = %(t)s::regclass AND contype IN ('c', 'p') ORDER BY 1""",
+        "indexes": """SELECT c.relname, replace(pg_get_indexdef(c.oid), 'ONLY ', '')
+                        FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid
+                       WHERE x.indrelid = %(t)s::regclass ORDER BY 1""",
+        "triggers": """SELECT tgname, tgtype, tgenabled, tgdeferrable, tginitdeferred, tgfoid::regproc::text,
+                              pg_get_triggerdef(oid)
+                         FROM pg_trigger WHERE tgrelid = %(t)s::regclass AND NOT tgisinternal ORDER BY 1""",
+        "grants": "SELECT relacl::text FROM pg_class WHERE oid = %(t)s::regclass",
+    }
+    out = {}
+    for key, text in q.items():
+        rows = conn.execute(text, {"t": f"{schema}.outbox"}).fetchall()
+        out[key] = [tuple(str(v).replace(schema, "S") for v in r) for r in rows]
+    return out
+
+
+async def test_a_partitioned_outbox_has_the_plain_ones_columns_checks_indexes_triggers_and_grants(
+    pg_dsn: str, parted: OutboxNames, db: Db
+) -> None:
+    """Everything but the two unique indexes on aggregate_id, which each partition carries
+    (a partitioned table cannot have them without the partition key)."""
+    plain = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(plain)))
+        try:
+            conn.execute(OutboxNames(plain, "outbox").render(schema_sql()))
+            conn.execute(
+                sql.SQL("GRANT SELECT ON {} TO PUBLIC; GRANT INSERT (payload) ON {} TO PUBLIC").format(
+                    sql.Identifier(plain, "outbox"), sql.Identifier(plain, "outbox")
+                )
+            )
+            theirs = _catalog(conn, plain)
+        finally:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(plain)))
+        ours = _catalog(conn, parted.schema)
+    assert ours["columns"] == theirs["columns"]
+    # NOT VALID on the plain table only so that migration 0005 scanned no old rows; the
+    # partitioned table was empty when its check was made, so it is valid (and holds for
+    # every insert either way).
+    assert ours["checks"] == [tuple(v.replace(" NOT VALID", "") for v in c) for c in theirs["checks"]]
+    assert ours["triggers"] == theirs["triggers"]
+    unique = {"outbox_one_in_flight_idx", "outbox_aggregate_seq_idx"}
+    assert ours["indexes"] == [i for i in theirs["indexes"] if i[0] not in unique]
+    # The suite's roles were granted on the plain table the fixture made; the conversion
+    # granted the same again (and nothing to PUBLIC, which this comparison table had).
+    assert "test_relay_" in ours["grants"][0][0]
+    [(may_insert,)] = db.conn.execute(
+        "SELECT has_column_privilege(%s, %s, 'payload', 'INSERT')", (db.producer.info.user, parted.qualified)
+    ).fetchall()
+    assert may_insert
+    for part in _partitions(db):
+        indexes = {r[0] for r in db.conn.execute("SELECT indexrelid::regclass::text FROM pg_index"
+                                                 " WHERE indrelid = %s::regclass AND indisunique",
+                                                 (f"{parted.schema}.{part}",)).fetchall()}  # fmt: skip
+        assert {f"{parted.schema}.{part}_in_flight", f"{parted.schema}.{part}_seq"} <= indexes
+
+
+async def test_a_plain_outbox_that_holds_rows_is_refused_and_left_as_it_was(
+    pg_dsn: str, names: OutboxNames, db: Db
+) -> None:
+    db.insert([("a", "OrderPlaced", {})])
+    with pytest.raises(ConfigError, match="holds rows, and a table that holds rows cannot be converted online"):
+        await _partition(pg_dsn, names)
+    assert db.statuses() == {"pending": 1} and not _partitions(db)
+
+
+async def test_the_partition_size_cannot_change_and_ids_go_on(pg_dsn: str, parted: OutboxNames, db: Db) -> None:
+    with pytest.raises(ConfigError, match="cannot change"):
+        await _partition(pg_dsn, parted, size=SIZE * 2)
+    assert db.insert([("a", "OrderPlaced", {})]) == [1]
+
+
+# ---- partitions ahead
+
+
+async def test_keep_ahead_creates_what_the_next_ids_need_once_whoever_runs_it_at_once(
+    parted: OutboxNames, db: Db, relay_dsn: str
+) -> None:
+    """As the relays' role (no DDL: the function runs as the owner), from four sessions at once."""
+    before = _partitions(db)
+    assert before == ["outbox_p0000", "outbox_p0001", "outbox_p0002"]
+    db.insert([(f"a{i}", "OrderPlaced", {}) for i in range(45)])  # ids 1..45: p0002 now holds the next
+    conns = [await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) for _ in range(4)]
+    try:
+        results = await asyncio.gather(*(keep_ahead(c, parted) for c in conns))
+    finally:
+        for c in conns:
+            await c.close()
+    made = sorted(p for r in results for p in r.created)
+    assert made == ["outbox_p0003", "outbox_p0004"]
+    assert all(r.partitioned and r.next_id == 46 and r.covered_to == 100 and r.room == 54 for r in results)
+    assert _partitions(db) == [*before, "outbox_p0003", "outbox_p0004"]
+
+
+async def test_keep_ahead_on_a_plain_outbox_does_nothing(names: OutboxNames, relay_dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
+        assert not (await keep_ahead(conn, names)).partitioned
+
+
+async def test_an_insert_past_the_partitions_ahead_fails_until_keep_ahead_runs(parted: OutboxNames, db: Db) -> None:
+    """What docs/partitioning.md says happens when no relay keeps partitions ahead for too long."""
+    db.insert([(f"a{i}", "OrderPlaced", {}) for i in range(3 * SIZE - 1)])  # ids 1..59: every partition full
+    with pytest.raises(psycopg.errors.CheckViolation, match="no partition of relation"):
+        db.insert([("late", "OrderPlaced", {})])
+    async with await psycopg.AsyncConnection.connect(db.conn.info.dsn, autocommit=True) as conn:
+        await keep_ahead(conn, parted)
+    assert db.insert([("late", "OrderPlaced", {})])
+
+
+# ---- retention
+
+
+async def test_prune_drops_finished_partitions_and_says_why_it_keeps_the_others(
+    pg_dsn: str, parted: OutboxNames, db: Db
+) -> None:
+    _insert(db, 4 * SIZE)  # ids 1..80
+    _finish(db)
+    # p0001 (20..39): two rows still pending. p0002: one dead. p0003: all done. p0004 holds
+    # the last id (80).
+    db.conn.execute(sql.SQL("UPDATE {} SET status = 'pending', done_at = NULL WHERE id IN (22, 31)").format(db.table))
+    db.conn.execute(sql.SQL("UPDATE {} SET status = 'dead', done_at = NULL WHERE id = 45").format(db.table))
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        dry = await prune(conn, parted, timedelta(hours=1), dry_run=True)
+        assert dry.partitions is not None and [p.name for p in dry.partitions.dropped] == [
+            "outbox_p0000",
+            "outbox_p0003",
+        ]
+        assert _partitions(db)[0] == "outbox_p0000"
+        result = await prune(conn, parted, timedelta(hours=1))
+    assert result.partitions is not None
+    assert [(p.name, p.done) for p in result.partitions.dropped] == [("outbox_p0000", SIZE - 1), ("outbox_p0003", SIZE)]
+    why = {k.name: k.why for k in result.partitions.kept}
+    assert why["outbox_p0001"] == "2 pending rows (ids 22..31)"
+    assert why["outbox_p0002"] == "1 dead row (id 45)"
+    assert why["outbox_p0004"] == "holds the last id handed out"
+    assert result.done == 2 * SIZE - 1 and len(db.rows()) == 4 * SIZE - (2 * SIZE - 1)
+    proc = run_relay("prune", "--dsn", pg_dsn, "--schema", parted.schema, "--older-than", "1h", "--include-dead")
+    assert proc.returncode == 0, proc.stderr
+    # The dead row is ordered (every type is, by the fixture's map): it blocks its aggregate,
+    # and --include-dead lets only unordered ones go.
+    assert "outbox_p0002: kept, 1 dead row (id 45)" in proc.stdout
+    assert "outbox_p0001: kept, 2 pending rows (ids 22..31)" in proc.stdout
+
+
+async def test_prune_keeps_what_finished_after_the_cutoff_and_every_later_partition_unread(
+    pg_dsn: str, parted: OutboxNames, db: Db
+) -> None:
+    _insert(db, 2 * SIZE + 5)
+    db.conn.execute(sql.SQL("UPDATE {} SET status = 'done', done_at = now()").format(db.table))
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        result = await prune(conn, parted, timedelta(hours=1))
+    assert result.partitions is not None and not result.partitions.dropped
+    why = {k.name: k.why for k in result.partitions.kept}
+    assert why["outbox_p0000"] == "19 rows finished after the cutoff (ids 1..19)"
+    assert why["outbox_p0001"] == "newer than the cutoff"
+
+
+async def test_a_row_that_lands_while_its_partition_is_detached_is_attached_again_not_dropped(
+    pg_dsn: str, parted: OutboxNames, db: Db
+) -> None:
+    """A producer's transaction that drew an id of an old partition commits while prune
+    detaches it: DETACH ... CONCURRENTLY waits for it, and the check under the lock sees it."""
+    _insert(db, 2 * SIZE)
+    _finish(db)
+    db.conn.execute(sql.SQL("DELETE FROM {} WHERE id = 7").format(db.table))
+    late = psycopg.connect(pg_dsn)
+    late.execute(
+        sql.SQL(
+            "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, payload) OVERRIDING SYSTEM VALUE"
+            " VALUES (7, 'order', 'z', 'EmailQueued', '{{}}')"
+        ).format(db.table)
+    )
+    threading.Timer(0.5, late.commit).start()
+    try:
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            result = await prune(conn, parted, timedelta(hours=1))
+    finally:
+        await asyncio.sleep(0.6)
+        late.close()
+    assert result.partitions is not None and "outbox_p0000" not in {p.name for p in result.partitions.dropped}
+    why = {k.name: k.why for k in result.partitions.kept}
+    assert why["outbox_p0000"] == "attached again: 1 unfinished row arrived while it was being detached"
+    assert "outbox_p0000" in _partitions(db) and db.row(7)["status"] == "pending"
+
+
+async def test_prune_as_a_role_that_does_not_own_the_outbox_drops_nothing_and_says_so(
+    parted: OutboxNames, db: Db, relay_dsn: str
+) -> None:
+    _insert(db, 2 * SIZE)
+    _finish(db)
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
+        result = await prune(conn, parted, timedelta(hours=1))
+    assert result.partitions is not None and "owner" in (result.partitions.refused or "")
+    assert len(_partitions(db)) == 5
+
+
+# ---- the relay and the operator commands, unchanged
+
+
+@pytest.mark.parametrize("commit_order", ["stamp", "id"])
+async def test_relays_deliver_in_commit_order_while_prune_drops_partitions(
+    pg_dsn: str, relay_dsn: str, producer_dsn: str, names: OutboxNames, commit_order: str
+) -> None:
+    """Locked producers (the oracle: what each read under its aggregate's lock) write ordered
+    and unordered events across dozens of partitions; the relay (3 workers) delivers them,
+    and a prune every 0.2 s drops the partitions that finished meanwhile."""
+    if commit_order == "id":
+        from tests.helpers import set_commit_order
+
+        await set_commit_order(pg_dsn, names, "id")
+    await _partition(pg_dsn, names, size=25, ahead=20)
+    aggregates = [f"order-{i}" for i in range(8)]
+    create_producer_tables(pg_dsn, names, aggregates, producer_dsn=producer_dsn)
+    log = CommitLog()
+    producers = LockedProducers(producer_dsn, names, aggregates, log, threads=3, unordered_type="EmailQueued", seed=7)
+    relay = RelayInThread(relay_settings(relay_dsn, names))
+    dropped: list[str] = []
+    stop = threading.Event()
+
+    def pruning() -> None:
+        async def loop() -> None:
+            async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    await keep_ahead(conn, names)
+                    result = await prune(conn, names, timedelta(0))
+                    assert result.partitions is not None
+                    dropped.extend(p.name for p in result.partitions.dropped)
+                    await asyncio.sleep(0.1)
+
+        asyncio.run(loop())
+
+    pruner = threading.Thread(target=pruning)
+    pruner.start()
+    try:
+        await relay.run_while(lambda: producers.run(30), log.ids)
+    finally:
+        stop.set()
+        pruner.join()
+    assert log.committed > 50
+    assert_commit_order(log, relay.publisher)
+    assert dropped, "no partition was dropped while the relay ran: nothing tested"
+
+
+async def test_operator_commands_work_on_a_partitioned_outbox(
+    parted: OutboxNames, db: Db, relay_dsn: str, pg_dsn: str
+) -> None:
+    db.insert([("agg", "OrderPlaced", {"n": i}) for i in range(3)] + [("u", "EmailQueued", {})] * 30)
+    db.conn.execute(
+        sql.SQL("UPDATE {} SET status = 'dead', last_error = 'boom 42' WHERE aggregate_id = 'u' AND id < 10").format(
+            db.table
+        )
+    )
+    status = relay_json("status", *target(relay_dsn, db))
+    assert status["summary"]["dead"] == 6 and status["summary"]["total_bytes"] > 0
+    dead = relay_json("dead", "list", *target(relay_dsn, db))
+    assert dead["total"] == 6
+    proc = run_relay("dead", "retry", *target(relay_dsn, db), "4", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert db.row(4)["status"] == "pending"
+    relay = RelayProcess("start", "--dsn", relay_dsn, "--schema", parted.schema, "--broker", "log", discard_stdout=True)
+    try:
+        # Up to the dead row 6, which blocks the rest of aggregate u (ordered, as every type here).
+        assert wait_until(lambda: all(r["status"] == "done" for r in db.rows("id <= 5")), timeout=20), relay.tail()
+    finally:
+        relay.stop()
+    explained = relay_json("explain", *target(relay_dsn, db), "agg")
+    assert explained
+    proc = run_relay("replay", *target(relay_dsn, db), "--broker", "log", "--aggregate", "agg")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count('"aggregate_id": "agg"') >= 3 or "3" in proc.stderr
