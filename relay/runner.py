@@ -28,6 +28,7 @@ from relay.breaker import CircuitBreaker
 from relay.config import RelaySettings
 from relay.contract import Publisher, ReportsUnroutable, WatchesDestinations
 from relay.db.dispatch import OutboxStore
+from relay.db.partitions import is_partitioned, keep_ahead
 from relay.db.session import TRANSIENT_DB_ERRORS, check_schema, connect, open_pool
 from relay.db.settings import SharedSettings, read_settings
 from relay.db.text import SQL_ASCII, server_encoding
@@ -52,6 +53,8 @@ T = TypeVar("T")
 # The queue-depth and oldest-age gauges are read from the table this often: cheap queries
 # (partial indexes only), and Prometheus scrapes every 15 to 60 s anyway.
 GAUGE_REFRESH_S = 15.0
+# How often the elected relay of a partitioned outbox makes sure its partitions ahead exist.
+PARTITIONS_AHEAD_CHECK = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -152,9 +155,10 @@ async def run_relay(
     try:
         for warning in settings.warnings:
             log.warning("%s", warning)
-        stored = await _unless_stopped(stop, "checking the outbox", _prepare(settings, pool, stop))
-        if stored is None:  # stopped while the database was still refusing us
+        prepared = await _unless_stopped(stop, "checking the outbox", _prepare(settings, pool, stop))
+        if prepared is None:  # stopped while the database was still refusing us
             return RunResult(stats=[])
+        stored, partitioned = prepared
         for line in disagreements(stored, given, settings.names):
             log.warning("%s", line)
         try:
@@ -165,7 +169,9 @@ async def run_relay(
                 return RunResult(stats=[])
             store = OutboxStore(pool, settings.names, settings.session)
             running = True
-            return await _run(settings, operate, publisher, store, stored, pool, stop, tracing, destinations, ready)
+            return await _run(
+                settings, operate, publisher, store, (stored, partitioned), pool, stop, tracing, destinations, ready
+            )
         finally:
             # Only now: every worker has ended (_run waits for them whatever ends it), so
             # no publish is in flight that closing the connection would cut short.
@@ -189,16 +195,19 @@ async def _run_member(
     pool = member.pool
     for warning in settings.warnings:
         log.warning("%s", warning)
-    stored = await _unless_stopped(stop, "checking the outbox", _prepare(settings, pool, stop, member))
-    if stored is None:
+    prepared = await _unless_stopped(stop, "checking the outbox", _prepare(settings, pool, stop, member))
+    if prepared is None:
         return RunResult(stats=[])
+    stored, partitioned = prepared
     for line in disagreements(stored, given, settings.names):
         log.warning("%s", line)
     destinations = Destinations(publisher)
     if await _unless_stopped(stop, "checking the destinations", destinations.check()) is None:
         return RunResult(stats=[])
     store = OutboxStore(pool, settings.names, settings.session)
-    return await _run(settings, operate, publisher, store, stored, pool, stop, tracing, destinations, ready, member)
+    return await _run(
+        settings, operate, publisher, store, (stored, partitioned), pool, stop, tracing, destinations, ready, member
+    )
 
 
 async def _started(publisher: Publisher) -> bool:
@@ -296,10 +305,11 @@ async def _abandon_step(task: asyncio.Future[T], discard: Callable[[T], Awaitabl
 
 async def _prepare(
     settings: RelaySettings, pool: AsyncConnectionPool[Any], stop: asyncio.Event, member: Member | None = None
-) -> SharedSettings | None:
-    """Check the schema and read the shared settings. A database that answered the first
-    connection but then drops sessions (a failover, pg_terminate_backend) is waited for,
-    with the workers' backoff, until it lets us through or we are told to stop."""
+) -> tuple[SharedSettings, bool] | None:
+    """Check the schema, read the shared settings and whether the outbox is partitioned. A
+    database that answered the first connection but then drops sessions (a failover,
+    pg_terminate_backend) is waited for, with the workers' backoff, until it lets us through
+    or we are told to stop."""
     failures = 0
     while True:
         try:
@@ -307,6 +317,7 @@ async def _prepare(
                 await check_schema(conn, settings.names)
                 encoding = server_encoding(conn)
                 stored = await read_settings(conn, settings.names)
+                partitioned = await is_partitioned(conn, settings.names)
             break
         except TRANSIENT_DB_ERRORS as exc:  # PoolTimeout is one too
             failures += 1
@@ -322,7 +333,7 @@ async def _prepare(
             "the database's encoding is SQL_ASCII, which stores text unchecked: the relay reads it as UTF-8,"
             " and a row whose text is not valid UTF-8 goes to dead alone"
         )
-    return stored
+    return stored, partitioned
 
 
 async def _run(
@@ -330,7 +341,7 @@ async def _run(
     operate: Operations,
     publisher: Publisher,
     store: OutboxStore,
-    stored: SharedSettings,
+    prepared: tuple[SharedSettings, bool],
     pool: AsyncConnectionPool[Any],
     stop: asyncio.Event,
     tracing: Tracing | None,
@@ -338,6 +349,7 @@ async def _run(
     ready: asyncio.Event | None,
     member: Member | None = None,
 ) -> RunResult:
+    stored, partitioned = prepared
     metrics = None
     if member is not None:
         metrics = member.metrics
@@ -377,7 +389,7 @@ async def _run(
         Worker(store=store, publisher=publisher, owner=owner, config=settings.worker, wakeup=event, shared=shared)
         for owner, event in zip(owners, events, strict=True)
     ]
-    services = _services(settings, operate, pool, destinations, shared, events, metrics, member)
+    services = _services(settings, operate, pool, destinations, shared, events, metrics, member, partitioned)
     log.info(
         "relay started: %d workers, broker %s, outbox %s, ordering %s (stored), wake-ups %s%s",
         len(workers),
@@ -416,6 +428,7 @@ def _services(
     events: list[asyncio.Event],
     metrics: RelayMetrics | None,
     member: Member | None,
+    partitioned: bool = False,
 ) -> list[Service]:
     """The background duties of this run, in the order they start (and the reverse of the
     order they close): what the settings turn on."""
@@ -450,6 +463,11 @@ def _services(
     if presence is not None:
         # Neither idle nor working any more once closed: producers stop counting it.
         services.append(Duty("presence", presence.keep_alive, closing=presence.close))
+    if partitioned:
+        # Partitions ahead of the ids producers will get: one relay of the outbox makes them
+        # (a producer's insert fails where no partition takes its id).
+        ahead = Every("partitions ahead", PARTITIONS_AHEAD_CHECK, lambda: _keep_ahead(settings))
+        services.append(Elected(ahead, settings.dsn, settings.names, duty="partitions"))
     if operate.prune_older_than is not None:
         older_than, heads = operate.prune_older_than, operate.prune_heads_idle_for
         prune = Every("scheduled prune", operate.prune_interval, lambda: _prune(settings, older_than, heads))
@@ -515,6 +533,12 @@ async def _refresh_gauges(metrics: RelayMetrics, pool: AsyncConnectionPool[Any],
         await metrics.refresh_gauges(conn, settings.names)
 
 
+async def _keep_ahead(settings: RelaySettings) -> None:
+    conn = await connect(settings.dsn)
+    async with conn:
+        await keep_ahead(conn, settings.names)  # logs the partitions it makes
+
+
 async def _prune(settings: RelaySettings, older_than: timedelta, heads_idle_for: timedelta | None) -> None:
     from relay.retention import prune
 
@@ -523,10 +547,14 @@ async def _prune(settings: RelaySettings, older_than: timedelta, heads_idle_for:
     conn = await connect(settings.dsn)
     async with conn:
         result = await prune(conn, settings.names, older_than, heads_idle_for=heads_idle_for)
+    dropped = result.partitions
     log.info(
-        "scheduled prune removed %d done rows older than %s in %d batches%s",
+        "scheduled prune removed %d done rows older than %s %s%s",
         result.done,
         older_than,
-        result.batches,
+        f"in {result.batches} batches"
+        if dropped is None
+        else f"with {len(dropped.dropped)} partitions dropped, {len(dropped.kept) + dropped.more_kept} kept"
+        + (f" ({dropped.refused})" if dropped.refused else ""),
         "" if result.heads is None else f", and forgot {result.heads.forgotten} idle aggregates' counters",
     )

@@ -354,3 +354,21 @@ async def test_operator_commands_work_on_a_partitioned_outbox(
     proc = run_relay("replay", *target(relay_dsn, db), "--broker", "log", "--aggregate", "agg")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count('"aggregate_id": "agg"') >= 3 or "3" in proc.stderr
+
+
+def test_a_running_relay_makes_the_partitions_producers_need(
+    parted: OutboxNames, db: Db, relay_dsn: str, relays: list[RelayProcess]
+) -> None:
+    # The fixture's partitions hold ids up to 60 (20 each: the current one and two ahead).
+    db.insert([("a", "EmailQueued", {}) for _ in range(50)])
+    before = _partitions(db)
+    # An elected relay of the outbox keeps partitions ahead of the next id (at its start,
+    # then every minute): without it, the insert below would find no partition for ids past 60.
+    relay = RelayProcess(
+        "start", "--dsn", relay_dsn, "--schema", parted.schema, "--broker", "log", "--poll-interval", "200ms"
+    )
+    relays.append(relay)
+    assert wait_until(lambda: len(_partitions(db)) > len(before), timeout=20), relay.tail()
+    db.insert([("a", "EmailQueued", {}) for _ in range(30)])  # ids 51..80
+    assert wait_until(lambda: db.settled(80), timeout=30), relay.tail()
+    assert "partitions ahead: this relay leads" in relay.stderr(), relay.tail()
