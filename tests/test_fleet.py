@@ -9,6 +9,8 @@ while one outbox's database is gone, read-only, locked, or its grants are revoke
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psycopg
 import pytest
 from psycopg import sql
@@ -296,3 +299,62 @@ async def test_a_locked_outbox_table_slows_only_its_own_outbox(
         assert await wait_until_async(lambda: slow.db.row(late)["status"] == "done", timeout=30)
     assert relay.failed is None
     assert len(publisher.delivered) == 7
+
+
+async def test_one_console_shows_every_outbox_and_acts_on_each_apart(
+    make_outbox: Callable[[str, str], Outbox], pg_dsn: str, tmp_path: Path
+) -> None:
+    billing, shipping = make_outbox("billing", pg_dsn), make_outbox("shipping", pg_dsn)
+    [dead] = billing.db.insert([("order-1", "OrderPlaced", {})])
+    billing.db.conn.execute(
+        sql.SQL("UPDATE {} SET status = 'dead', attempts = 1, last_error = 'PermanentError: no such customer'").format(
+            billing.db.table
+        )
+    )
+    shipping.db.insert([("order-9", "ShipmentBooked", {})])
+    port, secret = free_port(), "s3cret-token-0123456789abcdef"
+    config = fleet_config(tmp_path / "relay.toml", [billing, shipping], "")
+    console = RelayProcess(
+        "console", "--config", config, "--port", str(port), "--allow-actions", "--token", f"alice={secret}",
+        env=relay_env(),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_until(lambda: readyz_of(url) == 200, timeout=20), console.tail()
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+
+            async def page(path: str, **form: str) -> tuple[int, str]:
+                call = session.post(url + path, data=form) if form else session.get(url + path)
+                async with call as r:
+                    return r.status, html.unescape(await r.text())
+
+            status, index = await page("/")
+            assert status == 200, index
+            rows = dict(re.findall(r'data-testid="outbox-([a-z-]+)">(.*?)</tr>', index, re.S))
+            assert set(rows) == {"billing", "shipping"}
+            assert 'href="/o/billing/dead">1<' in rows["billing"] and billing.names.qualified in rows["billing"]
+            assert re.search(r'data-testid="awaiting">1<', rows["shipping"]), rows["shipping"]
+            # Each outbox's own pages, under its prefix, every link kept within it.
+            status, dead_page = await page("/o/billing/dead")
+            assert status == 200 and "no such customer" in dead_page, dead_page
+            links = re.findall(r'(?:href|action)="(/[^"]*)"', dead_page)
+            assert links and all(link == "/" or link.startswith("/o/billing/") for link in links), links
+            status, shipping_page = await page("/o/shipping/")
+            assert status == 200 and shipping.names.qualified in shipping_page
+            # An action on one outbox: signed in by the token, then confirmed with its CSRF value.
+            status, preview = await page("/o/billing/actions/preview", action="retry", ids=str(dead), token=secret)
+            assert status == 200, preview
+            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', preview)
+            assert csrf, preview
+            status, done = await page("/o/billing/actions/apply", action="retry", ids=str(dead), csrf=csrf.group(1))
+            assert status == 200 and "1 message re-driven" in done, done
+        assert billing.db.row(dead)["status"] == "pending" and shipping.db.statuses() == {"pending": 1}
+    finally:
+        console.stop()
+
+
+def readyz_of(url: str) -> int:
+    try:
+        return http_get(url + "/")[0]
+    except OSError:
+        return 0

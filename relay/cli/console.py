@@ -10,10 +10,12 @@ from typing import Any
 
 import click
 
-from relay.cli.common import OPS_OPTIONS, check_text, ops_target, run, settings_for, with_options
+from relay.cli.common import OPS_OPTIONS, check_text, chosen_outbox, ops_target, run, settings_for, with_options
 from relay.dsn import describe_dsn
 from relay.errors import ConfigError
 from relay.operator_options import CONSOLE_OPTIONS, CONSOLE_TOKEN
+from relay.options import load_file, resolve
+from relay.outboxes import listed
 
 INSTALL_HINT = "pip install 'outbox-relay[console]'"
 TOKEN_ENV = CONSOLE_TOKEN.env  # RELAY_CONSOLE_TOKEN
@@ -25,7 +27,19 @@ CONSOLE_ALL = (*OPS_OPTIONS, *CONSOLE_OPTIONS)
 def console_cmd(**cli_values: Any) -> None:
     """A web page for operators: status, dead messages by error, blocked aggregates, one
     aggregate or message; with --allow-actions, retry and skip as `relay dead` does."""
-    values = settings_for(CONSOLE_ALL, cli_values)
+    config_path = cli_values.get("config_path")
+    entries = listed(load_file(config_path), None, config_path) if chosen_outbox(cli_values) is None else []
+    each: list[tuple[str | None, dict[str, Any]]]
+    if entries:
+        # Every outbox the file lists: the console's own options are the file's top level
+        # (and the flags); each outbox's database and table are its entry's.
+        cli_values.pop("config_path", None)
+        cli = {o.dest: cli_values[o.param] for o in CONSOLE_ALL if o.param in cli_values}
+        each = [(e.name, resolve(CONSOLE_ALL, cli, e.file)) for e in entries]
+        values = each[0][1]
+    else:
+        values = settings_for(CONSOLE_ALL, cli_values)
+        each = [(None, values)]
     by: str | None = values["console_by"]
     allow_hosts: tuple[str, ...] = values["console_allow_hosts"]
     check_text(by, "--by")
@@ -37,7 +51,7 @@ def console_cmd(**cli_values: Any) -> None:
         from relay.console.app import ConsoleConfig
         from relay.console.auth import parse_token
         from relay.console.hosts import allowed_hosts
-        from relay.console.server import ServeOptions, serve
+        from relay.console.server import ServeOptions, serve, serve_outboxes
     except ImportError:
         raise ConfigError(f"relay console needs aiohttp and Jinja2, which are not installed: {INSTALL_HINT}") from None
     parsed = [parse_token(t) for t in values["console_tokens"]]
@@ -48,15 +62,22 @@ def console_cmd(**cli_values: Any) -> None:
     allow_actions: bool = values["console_allow_actions"]
     if allow_actions and not parsed:
         raise ConfigError(f"--allow-actions needs a token: pass --token NAME=SECRET or set ${TOKEN_ENV}")
-    dsn, names = ops_target(values)
     host: str = values["console_host"]
-    config = ConsoleConfig(
-        names=names,
-        where=describe_dsn(dsn),
-        allow_actions=allow_actions,
-        by=by,
-        allowed_hosts=allowed_hosts(host, allow_hosts),
-    )
+    outboxes = []
+    for outbox, own in each:
+        dsn, names = ops_target(own)
+        config = ConsoleConfig(
+            names=names,
+            where=describe_dsn(dsn),
+            allow_actions=allow_actions,
+            by=by,
+            allowed_hosts=allowed_hosts(host, allow_hosts),
+            outbox=outbox,
+        )
+        outboxes.append((config, dsn))
     window, every = values["console_history"], values["console_sample_interval"]
-    options = ServeOptions(dsn, host, values["console_port"], tuple(parsed), window, every)
-    run(lambda: serve(config, options))
+    options = ServeOptions(outboxes[0][1], host, values["console_port"], tuple(parsed), window, every)
+    if entries:
+        run(lambda: serve_outboxes(outboxes, options))
+    else:
+        run(lambda: serve(outboxes[0][0], options))

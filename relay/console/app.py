@@ -8,8 +8,9 @@ own script and style only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +36,7 @@ from relay.durations import age_text
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
 from relay.ids import parse_outbox_id
 from relay.ops.render import bytes_text
+from relay.summary import StatusSummary, read_summary
 
 log = logging.getLogger("relay.console")
 
@@ -56,6 +58,13 @@ class ConsoleConfig:
     refresh_s: float = 2.0  # how often the overview's figures are fetched again
     # The Host names it answers to beyond loopback ones (relay.console.hosts); None: any.
     allowed_hosts: frozenset[str] | None = frozenset()
+    # In a console of several outboxes ([[outboxes]]): this one's name, and where its pages
+    # are (/o/<name>); the index of all of them is at /.
+    outbox: str | None = None
+
+    @property
+    def base(self) -> str:
+        return f"/o/{self.outbox}" if self.outbox else ""
 
 
 def _finalize(value: object) -> object:
@@ -110,10 +119,14 @@ class Console:
     def render(self, request: web.Request, name: str, status: int = 200, **context: Any) -> web.Response:
         sid = request.cookies.get(COOKIE)
         signed_in = self.guard.session_name(sid)
+        base = self.config.base
         text = self.env.get_template(name).render(
             config=self.config,
             names=self.config.names,
-            path=request.path,
+            base=base,
+            static=lambda file: f"{base}/static/{file}",
+            # The page's own path within this outbox's pages (for the navigation's marks).
+            path=request.path.removeprefix(base) or "/",
             signed_in=signed_in,
             csrf=self.guard.csrf_for(sid) if sid and signed_in else "",
             **context,
@@ -267,7 +280,14 @@ class Console:
 
     def _with_session(self, response: web.Response, sid: str | None) -> web.Response:
         if sid is not None:
-            response.set_cookie(COOKIE, sid, httponly=True, samesite="Strict", path="/", max_age=int(self.guard.ttl_s))
+            response.set_cookie(
+                COOKIE,
+                sid,
+                httponly=True,
+                samesite="Strict",
+                path=f"{self.config.base}/",
+                max_age=int(self.guard.ttl_s),
+            )
         return response
 
 
@@ -315,7 +335,7 @@ def _secure(request: web.Request, headers: Any) -> None:
     headers.setdefault("X-Content-Type-Options", "nosniff")
     headers.setdefault("Referrer-Policy", "same-origin")
     headers.setdefault("X-Frame-Options", "DENY")
-    if not request.path.startswith("/static/"):
+    if "/static/" not in request.path:  # /static/... or, with several outboxes, /o/<name>/static/...
         headers.setdefault("Cache-Control", "no-store")
 
 
@@ -365,3 +385,28 @@ def _errors(console: Console) -> Middleware:
             )
 
     return errors
+
+
+def make_index(consoles: Sequence[Console]) -> web.Application:
+    """The console of several outboxes ([[outboxes]]): an index at ``/`` with each outbox's
+    figures and a link to its pages, which ``consoles`` serve under ``/o/<name>/``."""
+    first = consoles[0]
+    env = templates()
+
+    async def index(request: web.Request) -> web.Response:
+        async def one(console: Console) -> tuple[Console, StatusSummary | None, str | None]:
+            try:
+                summary = await console.read(lambda conn: read_summary(conn, console.config.names))
+            except (psycopg.Error, DatabaseUnavailable, PoolTimeout) as exc:
+                return console, None, mask(first_line(exc))
+            return console, summary, None
+
+        rows = await asyncio.gather(*(one(c) for c in consoles))
+        text = env.get_template("outboxes.html").render(rows=rows, static=lambda file: f"/static/{file}")
+        return web.Response(text=text, content_type="text/html", charset="utf-8")
+
+    app = web.Application(middlewares=[_headers, _host_check(first)])
+    app.add_routes([web.get("/", index), web.static("/static", HERE / "static", append_version=True)])
+    for console in consoles:
+        app.add_subapp(console.config.base, make_app(console))
+    return app

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -15,11 +16,12 @@ from aiohttp import web
 from psycopg_pool import AsyncConnectionPool
 
 from relay.compose import checked_pool
-from relay.console.app import Console, ConsoleConfig, make_app
+from relay.console.app import Console, ConsoleConfig, make_app, make_index
 from relay.console.auth import Guard, Token
 from relay.console.history import History, sample_forever
 from relay.console.hosts import is_loopback
 from relay.db.names import OutboxNames
+from relay.db.session import open_pool
 from relay.errors import ConfigError
 from relay.summary import StatusSummary, read_summary
 
@@ -44,9 +46,46 @@ async def serve(config: ConsoleConfig, options: ServeOptions, stop: asyncio.Even
     history = History(options.window)
     stop = stop or _stop_on_signals()
     console = Console(config, pool, history, Guard(options.tokens))
-
     sampler = start_sampling(pool, config.names, history, options.sample_every, stop)
-    runner = web.AppRunner(make_app(console), access_log=None, handle_signals=False)
+    try:
+        await _serve(make_app(console), config, options, stop, f"outbox {config.names.qualified} on {config.where}")
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+        await pool.close()
+
+
+async def serve_outboxes(
+    outboxes: Sequence[tuple[ConsoleConfig, str]], options: ServeOptions, stop: asyncio.Event | None = None
+) -> None:
+    """A console of several outboxes (each a config and its DSN): an index at ``/``, each
+    outbox's pages under ``/o/<name>/`` (relay.console.app.make_index). An outbox whose
+    database cannot be reached says so on the index and its pages; the others serve."""
+    stop = stop or _stop_on_signals()
+    guard = Guard(options.tokens)  # one sign-in: the tokens are the process's
+    consoles: list[Console] = []
+    samplers: list[asyncio.Task[None]] = []
+    try:
+        for config, dsn in outboxes:
+            pool = await open_pool(dsn, POOL_SIZE, least=1, probe=False)
+            console = Console(config, pool, History(options.window), guard)
+            consoles.append(console)
+            samplers.append(start_sampling(pool, config.names, console.history, options.sample_every, stop))
+        first = outboxes[0][0]
+        await _serve(make_index(consoles), first, options, stop, f"{len(consoles)} outboxes (index at /)")
+    finally:
+        for sampler in samplers:
+            sampler.cancel()
+        await asyncio.gather(*samplers, return_exceptions=True)
+        for console in consoles:
+            await console.pool.close()
+
+
+async def _serve(
+    app: web.Application, config: ConsoleConfig, options: ServeOptions, stop: asyncio.Event, what: str
+) -> None:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
         site = web.TCPSite(runner, options.host, options.port)
@@ -57,11 +96,10 @@ async def serve(config: ConsoleConfig, options: ServeOptions, stop: asyncio.Even
         port = _bound_port(runner, options.port)
         shown_host = f"[{options.host}]" if ":" in options.host else options.host
         log.info(
-            "console at http://%s:%d/ for outbox %s on %s; actions %s",
+            "console at http://%s:%d/ for %s; actions %s",
             shown_host,
             port,
-            config.names.qualified,
-            config.where,
+            what,
             "on" if config.allow_actions else "off (--allow-actions to enable)",
         )
         if not is_loopback(options.host):
@@ -78,10 +116,6 @@ async def serve(config: ConsoleConfig, options: ServeOptions, stop: asyncio.Even
         await stop.wait()
     finally:
         await runner.cleanup()
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
-        await pool.close()
 
 
 def start_sampling(
