@@ -43,9 +43,10 @@ from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable, first_line
 from relay.logs import OUTBOX
 from relay.member import Member
-from relay.runner import run_relay
+from relay.runner import run_relay, unless_stopped
+from relay.runner import started as start_publisher
 from relay.sleep import sleep_unless_stopped
-from relay.supervisor import RESTART
+from relay.supervisor import RESTART, wait_for_all
 from relay.wakeup import Channels
 
 if TYPE_CHECKING:
@@ -98,8 +99,11 @@ async def run_fleet(
             )
             members.append((outbox, member))
         for publisher in fleet.publishers:
-            await publisher.start()
+            # Closed below whether or not it got through: a start cut short by a stop may
+            # have opened a connection.
             started.append(publisher)
+            if await unless_stopped(stop, "connecting to the broker", start_publisher(publisher)) is None:
+                return
             if isinstance(publisher, WatchesDestinations):
                 publisher.watch_destinations(_fan_out([m for o, m in members if o.parts.publisher is publisher]))
         if metrics is not None:
@@ -247,15 +251,8 @@ def _ready_check(members: list[tuple[OutboxParts, Member]]) -> Callable[[], Awai
 
 async def _all_ended(tasks: list[asyncio.Task[None]]) -> None:
     """Wait for every task, however often the caller is cancelled meanwhile; cancel them
-    on the first cancel, and raise it once they have ended."""
-    cancel: asyncio.CancelledError | None = None
-    while not all(t.done() for t in tasks):
-        try:
-            await asyncio.wait(tasks)
-        except asyncio.CancelledError as exc:
-            cancel = exc
-            for task in tasks:
-                task.cancel()
+    on a cancel, and raise it once they have ended."""
+    cancel = await wait_for_all(tasks, cancel_them=True)
     for task in tasks:
         if not task.cancelled() and task.exception() is not None:
             log.error("%s failed: %s", task.get_name(), first_line(task.exception() or Exception()))

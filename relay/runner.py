@@ -143,7 +143,7 @@ async def run_relay(
     quiet = _PoolQuiet()
     _POOL_QUIET.set(quiet)
     # One connection per worker plus one spare: a worker holds at most one at a time.
-    pool = await _unless_stopped(
+    pool = await unless_stopped(
         stop,
         "connecting to PostgreSQL",
         open_pool(settings.dsn, size=settings.workers + 1, limits=settings.session),
@@ -155,17 +155,17 @@ async def run_relay(
     try:
         for warning in settings.warnings:
             log.warning("%s", warning)
-        prepared = await _unless_stopped(stop, "checking the outbox", _prepare(settings, pool, stop))
+        prepared = await unless_stopped(stop, "checking the outbox", _prepare(settings, pool, stop))
         if prepared is None:  # stopped while the database was still refusing us
             return RunResult(stats=[])
         stored, partitioned = prepared
         for line in disagreements(stored, given, settings.names):
             log.warning("%s", line)
         try:
-            if await _unless_stopped(stop, "connecting to the broker", _started(publisher)) is None:
+            if await unless_stopped(stop, "connecting to the broker", started(publisher)) is None:
                 return RunResult(stats=[])
             destinations = Destinations(publisher)
-            if await _unless_stopped(stop, "checking the destinations", destinations.check()) is None:
+            if await unless_stopped(stop, "checking the destinations", destinations.check()) is None:
                 return RunResult(stats=[])
             store = OutboxStore(pool, settings.names, settings.session)
             running = True
@@ -195,14 +195,14 @@ async def _run_member(
     pool = member.pool
     for warning in settings.warnings:
         log.warning("%s", warning)
-    prepared = await _unless_stopped(stop, "checking the outbox", _prepare(settings, pool, stop, member))
+    prepared = await unless_stopped(stop, "checking the outbox", _prepare(settings, pool, stop, member))
     if prepared is None:
         return RunResult(stats=[])
     stored, partitioned = prepared
     for line in disagreements(stored, given, settings.names):
         log.warning("%s", line)
     destinations = Destinations(publisher)
-    if await _unless_stopped(stop, "checking the destinations", destinations.check()) is None:
+    if await unless_stopped(stop, "checking the destinations", destinations.check()) is None:
         return RunResult(stats=[])
     store = OutboxStore(pool, settings.names, settings.session)
     return await _run(
@@ -210,7 +210,7 @@ async def _run_member(
     )
 
 
-async def _started(publisher: Publisher) -> bool:
+async def started(publisher: Publisher) -> bool:
     await publisher.start()
     return True
 
@@ -257,7 +257,7 @@ async def _close_pool(pool: AsyncConnectionPool[Any], quiet: _PoolQuiet, *, aban
         await pool.close()
 
 
-async def _unless_stopped(
+async def unless_stopped(
     stop: asyncio.Event,
     step: str,
     work: Coroutine[Any, Any, T],

@@ -146,7 +146,7 @@ async def supervise_workers(tasks: Sequence[asyncio.Task[None]], stop: asyncio.E
                 task.cancel()
         if pending:
             log.warning("grace period over: abandoned %d in-flight batches", len(pending))
-            cancel = await _wait_for_all(pending) or cancel
+            cancel = await wait_for_all(pending) or cancel
         if cancel is not None:
             raise cancel
         if failed:
@@ -156,13 +156,19 @@ async def supervise_workers(tasks: Sequence[asyncio.Task[None]], stop: asyncio.E
         await asyncio.gather(stopping, return_exceptions=True)
 
 
-async def _wait_for_all(tasks: Collection[asyncio.Task[None]]) -> asyncio.CancelledError | None:
+async def wait_for_all(
+    tasks: Collection[asyncio.Task[None]], *, cancel_them: bool = False
+) -> asyncio.CancelledError | None:
     """Wait until every one of ``tasks`` has ended, however often the caller is cancelled
-    meanwhile; the last such cancel, for the caller to raise once they have."""
+    meanwhile (``cancel_them``: then cancel them too); the last such cancel, for the caller
+    to raise once they have."""
     cancel: asyncio.CancelledError | None = None
     while not all(t.done() for t in tasks):
         try:
             await asyncio.wait(tasks)
         except asyncio.CancelledError as exc:
             cancel = exc
+            if cancel_them:
+                for task in tasks:
+                    task.cancel()
     return cancel

@@ -358,3 +358,32 @@ def readyz_of(url: str) -> int:
         return http_get(url + "/")[0]
     except OSError:
         return 0
+
+
+async def test_cancelling_a_relay_of_several_outboxes_hands_every_row_back(
+    make_outbox: Callable[[str, str], Outbox], pg_dsn: str
+) -> None:
+    # An application shutting down cancels the task running its relay: every outbox's rows
+    # in flight go back unspent, and nothing is left running.
+    outboxes = [make_outbox("a", pg_dsn), make_outbox("b", pg_dsn)]
+    for o in outboxes:
+        o.db.insert([(f"x-{i}", "OrderPlaced", {"i": i}) for i in range(40)])
+    publisher = InMemoryPublisher(delay=0.3)  # each batch is in flight a while
+    relay = Relay(
+        publisher=publisher,
+        workers=2,
+        batch_size=5,
+        outboxes=[{"name": o.name, "dsn": o.relay_dsn, "schema": o.names.schema} for o in outboxes],
+    )
+    task = asyncio.ensure_future(relay.run())
+    assert await wait_until_async(lambda: all(o.db.statuses().get("processing") for o in outboxes), timeout=10)
+    tasks_before = len(asyncio.all_tasks())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    for o in outboxes:
+        rows = o.db.rows()
+        assert {r["status"] for r in rows} <= {"pending", "done"}, o.db.statuses()
+        assert all(r["attempts"] == (1 if r["status"] == "done" else 0) for r in rows)
+    assert len(asyncio.all_tasks()) < tasks_before  # the relay's tasks ended with it
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith(("relay ", "outbox-relay"))]
