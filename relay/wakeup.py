@@ -100,10 +100,10 @@ class Channels:
         self._added.set()
 
         def remove() -> None:
+            # Its run is ending (its presence row closed already): it hears nothing more.
             listeners = self._by_channel.get(channel(names), [])
             if listener in listeners:
                 listeners.remove(listener)
-            listener.tell(False)
 
         return remove
 

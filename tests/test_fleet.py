@@ -387,3 +387,32 @@ async def test_cancelling_a_relay_of_several_outboxes_hands_every_row_back(
         assert all(r["attempts"] == (1 if r["status"] == "done" else 0) for r in rows)
     assert len(asyncio.all_tasks()) < tasks_before  # the relay's tasks ended with it
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith(("relay ", "outbox-relay"))]
+
+
+async def test_one_listening_connection_wakes_each_outbox_of_a_database(
+    make_outbox: Callable[[str, str], Outbox], pg_dsn: str
+) -> None:
+    # Polls 30 s apart: only a wake-up can deliver within the second each event is given.
+    outboxes = [make_outbox(name, pg_dsn) for name in ("a", "b", "c")]
+    publisher = InMemoryPublisher()
+    relay = Relay(
+        publisher=publisher,
+        workers=1,
+        poll_interval=30,
+        outboxes=[{"name": o.name, "dsn": o.relay_dsn, "schema": o.names.schema} for o in outboxes],
+    )
+    async with relay:
+        # The sessions whose last statement was a LISTEN on one of these outboxes' channels
+        # (other tests' relays listen in this database too).
+        listening = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%%'"
+            " AND query LIKE ANY (%s)"
+        )
+        await asyncio.sleep(0.5)  # the first look of each worker, and its presence row written idle
+        for o in [*outboxes, outboxes[0]]:
+            [oid] = await asyncio.to_thread(o.db.insert, [("order-1", "OrderPlaced", {})])
+            assert await wait_until_async(lambda o=o, oid=oid: o.db.row(oid)["status"] == "done", timeout=2), o.name
+        ours = [f"%{o.names.schema}%" for o in outboxes]
+        [(sessions,)] = outboxes[0].db.conn.execute(listening, (ours,)).fetchall()
+    assert sessions == 1
+    assert len(publisher.delivered) == 4
