@@ -182,8 +182,24 @@ class RelayMetrics:
         for status in QUEUE_STATUSES:
             self.queue_depth.labels(**self._outbox, status=status)
         self.circuit_open.labels(**self._outbox, destination=ALL_DESTINATIONS).set(0)
-        if self._outbox and self.outbox_held is not None:
-            self.outbox_held.labels(**self._outbox).set(0)
+        if self._outbox:
+            # An outbox's own series, which a process of one outbox has from the start too.
+            unlabelled = (
+                self.lost_leases_total,
+                self.reaped_total,
+                self.claim_seconds,
+                self.publish_seconds,
+                self.expired_leases,
+                self.oldest_pending_age,
+                self.dead_messages,
+                self.blocked_aggregates,
+                self.unroutable_routing_keys,
+                self.gauges_refreshed,
+            )
+            for metric in unlabelled:
+                metric.labels(**self._outbox)
+            if self.outbox_held is not None:
+                self.outbox_held.labels(**self._outbox).set(0)
 
     def _one(self, metric: _M) -> _M:
         """``metric``'s series for this view's outbox (the metric itself without the label)."""

@@ -25,6 +25,7 @@ import json
 import re
 import shutil
 import socket
+import tempfile
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -442,13 +443,20 @@ DELIVERED = 5
 
 def scrape_relay(relay_dsn: str, names: OutboxNames, db: Db) -> Exported:
     """Start a real relay with the log broker and a metrics port, let it deliver
-    :data:`DELIVERED` messages and read its gauges once, and return its /metrics."""
+    :data:`DELIVERED` messages and read its gauges once, and return its /metrics.
+
+    The relay serves the outbox as the one entry of a config's ``[[outboxes]]``: a process
+    serving several outboxes exports every series a process serving one does, with the
+    ``outbox`` label on each and the held gauge besides (relay.metrics), so what the rules
+    and the dashboard may name is all there."""
     port = free_port()
-    args = [
-        "start", "--schema", names.schema, "--broker", "log", "--poll-interval", "100ms",
-        "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
-    ]  # fmt: skip
-    with RelayProcess(*args, env=relay_env(RELAY_DSN=relay_dsn)) as relay:
+    config = Path(tempfile.mkdtemp(prefix="relay-scrape-")) / "relay.toml"
+    config.write_text(
+        f'broker = "log"\npoll_interval = "100ms"\nmetrics_port = {port}\nmetrics_host = "127.0.0.1"\n'
+        f'\n[[outboxes]]\nname = "scrape"\ndsn = "{relay_dsn}"\nschema = "{names.schema}"\n'
+    )
+    args = ["start", "--config", str(config)]
+    with RelayProcess(*args, env=relay_env()) as relay:
         db.insert((f"scrape-{i}", "OrderPaid", {"i": i}) for i in range(DELIVERED))
         url = f"http://127.0.0.1:{port}/metrics"
         text = ""
