@@ -4,6 +4,7 @@ connects."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,20 @@ def test_commands_that_act_on_one_outbox_ask_which(tmp_path: Path) -> None:
         run_relay("start", "--config", config, "--dsn", "postgresql://x@y/z", env=relay_env()),
         "--dsn names one outbox, but several are listed",
     )
+
+
+def test_the_documented_config_composes_as_the_page_says(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "outboxes.md").read_text()
+    [text] = re.findall(r"```toml\n(.*?)```", page, re.S)
+    fleet = compose_outboxes({}, config=write(tmp_path, text))
+    assert fleet is not None
+    by = {o.name: o.parts for o in fleet.outboxes}
+    assert list(by) == ["billing", "shipping", "tenant-42"]
+    assert {n: p.settings.workers for n, p in by.items()} == {"billing": 1, "shipping": 2, "tenant-42": 1}
+    assert by["tenant-42"].settings.dsn == "postgresql://relay@tenant42.internal/app"
+    assert by["billing"].settings.dsn == by["shipping"].settings.dsn == "postgresql://relay@db.internal/app"
+    assert "Shipment*" in by["shipping"].settings.ordering.describe()
+    # "2 database pools, 2 broker connections": tenant-42's exchange is its own.
+    assert by["billing"].publisher is by["shipping"].publisher is not by["tenant-42"].publisher
+    assert len(fleet.publishers) == 2 and fleet.operations.metrics_port == 9100
+    assert "2 database pools, 2 broker connections" in page
