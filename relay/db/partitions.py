@@ -117,9 +117,7 @@ class PartitionSpec:
 
     def __post_init__(self) -> None:
         if (self.size is None) == (self.span is None):
-            raise ConfigError(
-                "an outbox is partitioned by id (a size) or by time (an interval): one of them"
-            )
+            raise ConfigError("an outbox is partitioned by id (a size) or by time (an interval): one of them")
         if self.size is not None and self.size < 1:
             raise ConfigError(f"invalid --partition-size {self.size}: at least 1 id per partition")
         if self.span is not None and (
@@ -137,8 +135,14 @@ class PartitionSpec:
 
     def describe(self) -> str:
         if self.span is not None:
-            return f"by time, {format_duration(self.span)} per partition"
+            return f"by time, {span_text(self.span)} per partition"
         return f"by id, {self.size:,} ids per partition"
+
+
+def span_text(span: timedelta) -> str:
+    """A partition's span as --partition-interval takes it: ``7d``, ``36h``."""
+    day = timedelta(days=1)
+    return f"{span // day}d" if span % day == timedelta(0) else f"{span // MIN_SPAN}h"
 
 
 def _stored(row: Row) -> PartitionSpec:
@@ -202,8 +206,8 @@ def _refuse_change(names: OutboxNames, stored: PartitionSpec, spec: PartitionSpe
     if stored.span != spec.span:
         assert stored.span is not None and spec.span is not None
         raise ConfigError(
-            f"{names.qualified} is partitioned by time, {format_duration(stored.span)} per partition;"
-            f" --partition-interval {format_duration(spec.span)} cannot change that (partitions already hold"
+            f"{names.qualified} is partitioned by time, {span_text(stored.span)} per partition;"
+            f" --partition-interval {span_text(spec.span)} cannot change that (partitions already hold"
             " rows by it)"
         )
 
