@@ -462,7 +462,7 @@ async def test_the_partition_interval_and_key_cannot_change(pg_dsn: str, names: 
 
 @pytest.mark.parametrize("span", [timedelta(minutes=30), timedelta(minutes=90), timedelta(days=400)])
 def test_a_partition_interval_is_whole_hours_up_to_366_days(span: timedelta) -> None:
-    with pytest.raises(ConfigError, match="--partition-interval .*: a whole number of hours, from 1h to 366d"):
+    with pytest.raises(ConfigError, match=r"--partition-interval .*: a whole number of hours, from 1h to 366d"):
         PartitionSpec(span=span)
 
 
