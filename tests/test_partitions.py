@@ -516,3 +516,32 @@ async def test_prune_drops_a_finished_time_partition_and_keeps_one_with_a_pendin
     assert why[_hourly(db, hour)] == "holds now"
     assert why[_hourly(db, hour + HOUR)] == why[_hourly(db, hour + 2 * HOUR)] == "ahead of now"
     assert older not in _partitions(db) and len(db.rows()) == 6
+
+
+async def test_a_time_partition_an_interrupted_prune_left_detached_is_dropped_or_attached_again_at_its_hour(
+    pg_dsn: str, names: OutboxNames, db: Db
+) -> None:
+    await _partition_by_time(pg_dsn, names)
+    hour = _hour(db)
+    done, busy = _past_partition(db, hour - 3 * HOUR), _past_partition(db, hour - 2 * HOUR)
+    _insert_at(db, [("a", hour - 3 * HOUR + timedelta(minutes=1))])
+    [pending] = _insert_at(db, [("b", hour - 2 * HOUR + timedelta(minutes=1))])
+    db.conn.execute(
+        sql.SQL("UPDATE {} SET status = 'done', done_at = now() - interval '1 day' WHERE id <> %s").format(db.table),
+        (pending,),
+    )
+    for name in (done, busy):
+        db.conn.execute(
+            sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(db.table, sql.Identifier(names.schema, name))
+        )
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        result = await prune(conn, names, timedelta(minutes=30))
+    assert result.partitions is not None and [p.name for p in result.partitions.dropped] == [done]
+    assert busy in _partitions(db) and db.row(pending)["status"] == "pending"
+    # Attached again at its own hour: its first and last instants land in it.
+    for at in (hour - 2 * HOUR, hour - HOUR - timedelta(microseconds=1)):
+        [id_] = _insert_at(db, [("c", at)])
+        [(where,)] = db.conn.execute(
+            sql.SQL("SELECT tableoid::regclass::text FROM {} WHERE id = %s").format(db.table), (id_,)
+        ).fetchall()
+        assert where == f"{names.schema}.{busy}"
