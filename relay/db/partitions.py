@@ -40,7 +40,6 @@ from psycopg.rows import dict_row
 from relay.db.names import OutboxNames
 from relay.db.rows import Conn, Row, fetch_all, fetch_one
 from relay.db.statements import named_partition_ddl, statement
-from relay.durations import format_duration
 from relay.errors import ConfigError
 
 log = logging.getLogger("relay.db.partitions")
@@ -124,7 +123,7 @@ class PartitionSpec:
             self.span < MIN_SPAN or self.span > MAX_SPAN or self.span % MIN_SPAN != timedelta(0)
         ):
             raise ConfigError(
-                f"invalid --partition-interval {format_duration(self.span)}: a whole number of hours, from 1h to 366d"
+                f"invalid --partition-interval {self.span / MIN_SPAN:g}h: a whole number of hours, from 1h to 366d"
             )
         if self.ahead < 1:
             raise ConfigError(f"invalid --partitions-ahead {self.ahead}: at least 1")
