@@ -504,9 +504,10 @@ MIGRATE_PARTITION_OPTIONS: tuple[Option, ...] = (
         "partition_by",
         "choice",
         None,
-        "Make the outbox range-partitioned by id (a new or empty one; a partitioned one stays so), so that"
-        " relay prune drops finished partitions instead of deleting rows. Needs --partition-size.",
-        choices=("id",),
+        "Make the outbox range-partitioned by id or by created_at (time) (a new or empty one; a partitioned one"
+        " stays so), so that relay prune drops finished partitions instead of deleting rows. By id needs"
+        " --partition-size, by time --partition-interval.",
+        choices=("id", "time"),
         click_checked=True,
         # Command-line only, as the options below: the table's shape is chosen by the one run
         # that creates it, never by a variable that every later `relay migrate` would read.
@@ -522,10 +523,20 @@ MIGRATE_PARTITION_OPTIONS: tuple[Option, ...] = (
         cli_only=True,
     ),
     Option(
+        "partition_interval",
+        "duration",
+        None,
+        "With --partition-by time: created_at span of each partition, a whole number of hours (1h, 1d, 7d),"
+        " aligned to it from the epoch in UTC; fixed once chosen.",
+        minimum=HOUR,
+        maximum=366 * DAY,
+        cli_only=True,
+    ),
+    Option(
         "partitions_ahead",
         "int",
         DEFAULT_AHEAD,
-        "With --partition-by id: partitions kept beyond the one the next id goes to.",
+        "With --partition-by: partitions kept beyond the one the next id (by time: now) goes to.",
         minimum=1,
         maximum=1000,
         cli_only=True,

@@ -9,9 +9,14 @@
     included) on an outbox of 30 partitions against a plain one holding the same rows:
     ``--claim-rows`` done rows and ``--pending`` pending ones (half ordered over
     ``--aggregates`` aggregates, half unordered); p50/p99 over every claim of the drain.
-(c) Why time partitioning was left out: a lookup by ``id = ANY(10 ids)`` (what the claim's
+(c) What time partitioning was expected to cost: a lookup by ``id = ANY(10 ids)`` (what the claim's
     head probe, finalize and payload_of do) on a table partitioned by created_at (30 daily
     partitions, primary key (id, created_at): no pruning by id) against by id and plain.
+(d) ``--only time-claims``: the claim (as in (b), ``--claims`` claims of batch 10, each
+    finalized) on an outbox partitioned by time (``relay migrate --partition-by time
+    --partition-interval 1h``, 10 hourly partitions: 8 past ones made as an earlier
+    keep_ahead would have, holding the done rows, now's with the pending rows, and one ahead)
+    against a plain outbox holding the same rows.
 
 Rows are loaded with INSERT ... SELECT generate_series, the outbox's triggers off
 (session_replication_role = replica: a superuser's DSN), into a scratch schema dropped at
@@ -177,6 +182,105 @@ async def claims(dsn: str, schema: str, rows: int, pending: int, aggregates: int
     return out
 
 
+# Done rows spread over the 8 hours before the current one (hourly partitions by time).
+LOAD_PAST_HOURS = """
+INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload, created_at, status, done_at,
+                 ordered, aggregate_seq, payload_bytes, xid)
+SELECT 'order', 'agg-' || (g %% %(aggregates)s), 'OrderPlaced',
+       jsonb_build_object('n', g, 'note', 'a payload of about a hundred bytes, as small events carry'),
+       %(start)s + g * (interval '8 hours' / (%(rows)s + 1)), 'done', now() - interval '1 minute',
+       g %% 2 = 0, CASE WHEN g %% 2 = 0 THEN g / 2 END, 100, '1'
+  FROM generate_series(1, %(rows)s) AS g
+"""
+
+
+async def past_hours(conn: psycopg.AsyncConnection[Any], names: OutboxNames, start: Any, hours: int) -> None:
+    """Hourly partitions from ``start``, made as keep_ahead makes its own (it makes only now's
+    and those ahead), with the two unique indexes each partition carries."""
+    outbox = sql.Identifier(names.schema, names.table)
+    for n in range(hours):
+        lo = start + timedelta(hours=n)
+        name = f"{names.table}_p{lo:%Y%m%d%H}"
+        part = sql.Identifier(names.schema, name)
+        like = sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+        await conn.execute(like.format(part, outbox))
+        await conn.execute(
+            sql.SQL("CREATE UNIQUE INDEX {} ON {} (aggregate_id) WHERE ordered AND status = 'processing'").format(
+                sql.Identifier(name + "_in_flight"), part
+            )
+        )
+        await conn.execute(
+            sql.SQL(
+                "CREATE UNIQUE INDEX {} ON {} (aggregate_id, aggregate_seq) WHERE ordered"
+                " AND status IN ('pending', 'processing', 'dead') AND aggregate_seq IS NOT NULL"
+            ).format(sql.Identifier(name + "_seq"), part)
+        )
+        await conn.execute(
+            sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
+                outbox, part, sql.Literal(lo), sql.Literal(lo + timedelta(hours=1))
+            )
+        )
+
+
+async def time_claims(
+    dsn: str, schema: str, rows: int, pending: int, aggregates: int, count: int
+) -> list[tuple[str, list[float], int]]:
+    out = []
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("SET TimeZone = 'UTC'")
+        cur = await conn.execute("SELECT date_bin('1 hour', now(), timestamptz '1970-01-01 00:00:00+00')")
+        row = await cur.fetchone()
+        assert row is not None
+        start = row[0] - timedelta(hours=8)
+        made = []
+        for table, spec in (("tclaim_plain", None), ("tclaim_time", PartitionSpec(span=timedelta(hours=1), ahead=1))):
+            names = await new_outbox(conn, schema, table, spec)
+            if spec is not None:
+                await past_hours(conn, names, start, 8)
+            t = sql.Identifier(names.schema, names.table)
+            await conn.execute("SET session_replication_role = replica")
+            params = {"aggregates": aggregates, "start": start, "rows": rows}
+            await conn.execute(sql.SQL(LOAD_PAST_HOURS).format(t=t), params)
+            await conn.execute("SET session_replication_role = DEFAULT")
+            await conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+                    " SELECT 'order', CASE WHEN g %% 2 = 0 THEN 'agg-' || (g %% %s) ELSE 'u-' || g END,"
+                    " CASE WHEN g %% 2 = 0 THEN 'OrderPlaced' ELSE 'EmailQueued' END, '{{\"n\": 1}}'"
+                    " FROM generate_series(1, %s) g"
+                ).format(t),
+                (aggregates, pending),
+            )
+            unordered = "UPDATE {} SET ordered = false WHERE event_type = 'EmailQueued' AND status = 'pending'"
+            await conn.execute(sql.SQL(unordered).format(t))
+            await conn.execute(sql.SQL("ANALYZE {}").format(t))
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_partition_tree(%s::regclass) WHERE isleaf AND level > 0", (names.qualified,)
+            )
+            parts = await cur.fetchone()
+            made.append((table, names, int(parts[0]) if parts else 0))
+        for _table, names, parts in made:
+            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                dsn, min_size=2, max_size=4, open=False, kwargs={"autocommit": True}
+            )
+            await pool.open(wait=True)
+            store = OutboxStore(pool, names)
+            times: list[float] = []
+            try:
+                while len(times) < count:
+                    started = time.perf_counter()
+                    claim = await store.claim(owner="bench", batch=10, lease=timedelta(seconds=30), max_attempts=5)
+                    elapsed = time.perf_counter() - started
+                    if not claim.messages:
+                        break
+                    times.append(elapsed)
+                    await store.finalize([Decision.published(m) for m in claim.messages])
+            finally:
+                await pool.close()
+            out.append(("plain" if parts == 0 else f"by time, {parts} partitions", times, parts))
+    return out
+
+
 async def lookups(dsn: str, schema: str, rows: int, samples: int) -> list[tuple[str, list[float]]]:
     out = []
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -230,7 +334,8 @@ def main() -> None:
     ap.add_argument("--pending", type=int, default=4_000)
     ap.add_argument("--aggregates", type=int, default=500)
     ap.add_argument("--samples", type=int, default=2_000, help="lookups in (c)")
-    ap.add_argument("--only", choices=["retention", "claims"], action="append")
+    ap.add_argument("--claims", type=int, default=150, help="claims measured in (d)")
+    ap.add_argument("--only", choices=["retention", "claims", "time-claims"], action="append")
     args = ap.parse_args()
     only = set(args.only or ["retention", "claims"])
     schema = f"bench_part_{uuid.uuid4().hex[:8]}"
@@ -269,6 +374,22 @@ def main() -> None:
                         f"  {label:15} p50 {p50 * 1e3:7.3f} ms  p99 {pct(times, 0.99) * 1e3:7.3f} ms"
                         f"  ({p50 / base:.2f}x plain)"
                     )
+            if "time-claims" in only:
+                print(
+                    f"(d) claim latency by time, {args.claim_rows:,} done + {args.pending:,} pending rows,"
+                    f" batch 10, {args.claims} claims"
+                )
+                res4 = await time_claims(args.dsn, schema, args.claim_rows, args.pending, args.aggregates, args.claims)
+                for label, times, _ in res4:
+                    print(
+                        f"  {label:26} claims {len(times):4}  p50 {statistics.median(times) * 1e3:7.3f} ms"
+                        f"  p99 {pct(times, 0.99) * 1e3:7.3f} ms"
+                    )
+                (_, t0, _), (_, t1, _) = res4
+                print(
+                    f"  by time / plain: p50 {statistics.median(t1) / statistics.median(t0):.2f}x,"
+                    f" p99 {pct(t1, 0.99) / pct(t0, 0.99):.2f}x"
+                )
         finally:
             async with await psycopg.AsyncConnection.connect(args.dsn, autocommit=True) as conn:
                 await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))

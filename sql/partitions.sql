@@ -12,16 +12,16 @@ SELECT c.relkind = 'p' AS partitioned, pg_has_role(c.relowner, 'USAGE') AS owner
  WHERE n.nspname = %(schema)s AND c.relname = %(table)s;
 
 -- partition_keep_ahead --
--- Create the partitions the outbox lacks, up to <table>_partitioning.ahead beyond the one the next id goes to (SECURITY DEFINER: the relays' role calls it); idempotent, one caller at a time.
-SELECT partitioned, created, next_id, covered_to FROM {q_keep_ahead}();
+-- Create the partitions the outbox lacks, up to <table>_partitioning.ahead beyond the one the next id (by time: now) goes to (SECURITY DEFINER: the relays' role calls it); idempotent, one caller at a time.
+SELECT partitioned, created, next_id, covered_to, covered_until FROM {q_keep_ahead}();
 
 -- partition_config --
 -- How the outbox is partitioned (no row: it is not), as the owner reads it.
-SELECT key, size, ahead FROM {q_partitioning};
+SELECT key, size, span, ahead FROM {q_partitioning};
 
 -- partition_config_write --
--- Record that the outbox is partitioned by id, %(size)s ids per partition; a later relay migrate may change how many partitions are kept ahead, never the size.
-INSERT INTO {q_partitioning} AS p (key, size, ahead) VALUES ('id', %(size)s, %(ahead)s)
+-- Record that the outbox is partitioned by %(key)s (id: %(size)s ids per partition; time: created_at, %(span)s per partition); a later relay migrate may change how many partitions are kept ahead, never the key, size or span.
+INSERT INTO {q_partitioning} AS p (key, size, span, ahead) VALUES (%(key)s, %(size)s, %(span)s, %(ahead)s)
 ON CONFLICT (singleton) DO UPDATE SET ahead = excluded.ahead;
 
 -- partition_convert_lock --
@@ -57,6 +57,16 @@ CREATE TABLE {outbox} (LIKE {q_unpartitioned}
     PARTITION BY RANGE (id);
 DROP TABLE {q_unpartitioned};
 ALTER TABLE {outbox} ADD CONSTRAINT {n_pkey} PRIMARY KEY (id);
+
+-- partition_convert_table_time --
+-- The partitioned outbox in place of the empty plain one as partition_convert_table makes it, but by created_at: a primary key on a partitioned table must hold the partition key, so it is (id, created_at) (ids stay unique by the identity; finalize and claim look rows up by id alone, in every partition).
+ALTER TABLE {outbox} RENAME TO {n_unpartitioned};
+CREATE TABLE {outbox} (LIKE {q_unpartitioned}
+    INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY INCLUDING COMMENTS
+    INCLUDING STORAGE INCLUDING COMPRESSION)
+    PARTITION BY RANGE (created_at);
+DROP TABLE {q_unpartitioned};
+ALTER TABLE {outbox} ADD CONSTRAINT {n_pkey} PRIMARY KEY (id, created_at);
 
 -- partition_convert_sequence --
 -- The partitioned outbox's identity sequence, named by PostgreSQL while the plain one's still existed.
@@ -115,6 +125,19 @@ SELECT c.relname::text AS name, b.lo, b.hi, i.inhdetachpending AS detaching,
  WHERE i.inhparent = '{outbox}'::regclass
  ORDER BY b.lo;
 
+-- partition_list_time --
+-- The outbox's partitions by created_at, in time order, with their bounds ([lo, hi), rendered by the server in this session's time zone and read back by it) and whether a DETACH ... CONCURRENTLY was interrupted; the last id handed out, and now() (the partition holding it, and those after, are where producers write).
+SELECT c.relname::text AS name, b.lo, b.hi, i.inhdetachpending AS detaching,
+       pg_sequence_last_value(pg_get_serial_sequence('{outbox}', 'id')::regclass) AS last_id, now() AS now
+  FROM pg_inherits AS i
+  JOIN pg_class AS c ON c.oid = i.inhrelid
+ CROSS JOIN LATERAL (
+        SELECT m[1]::timestamptz AS lo, m[2]::timestamptz AS hi
+          FROM regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\) TO \(''([^'']+)''\)') AS m
+       ) AS b
+ WHERE i.inhparent = '{outbox}'::regclass
+ ORDER BY b.lo;
+
 -- partition_orphans --
 -- Partitions of this outbox that an interrupted prune left detached and not dropped: tables of the schema named <table>_p<digits>, attached to nothing.
 SELECT c.relname::text AS name, substr(c.relname, length(%(table)s) + 3)::bigint AS number
@@ -129,6 +152,14 @@ SELECT c.relname::text AS name, substr(c.relname, length(%(table)s) + 3)::bigint
 SELECT r.lo, count(h.aggregate_id) AS heads
   FROM unnest(%(los)s::bigint[], %(his)s::bigint[]) AS r(lo, hi)
   JOIN {q_heads} AS h ON h.head_id >= r.lo AND h.head_id < r.hi
+ GROUP BY r.lo;
+
+-- partition_heads_time --
+-- The same for partitions by created_at: heads rows whose head row was created in one of the given ranges, counted per range (each head looked up by id).
+SELECT r.lo, count(*) AS heads
+  FROM {q_heads} AS h
+  JOIN {outbox} AS o ON o.id = h.head_id
+  JOIN unnest(%(los)s::timestamptz[], %(his)s::timestamptz[]) AS r(lo, hi) ON o.created_at >= r.lo AND o.created_at < r.hi
  GROUP BY r.lo;
 
 -- partition_rows --
@@ -151,6 +182,27 @@ SELECT count(*) AS rows,
        coalesce(bool_or(created_at >= %(cutoff)s), false) AS newer
   FROM {outbox}
  WHERE id >= %(lo)s AND id < %(hi)s;
+
+-- partition_rows_time --
+-- The same for the partition by created_at [lo, hi): one scan of that partition alone.
+SELECT count(*) AS rows,
+       count(*) FILTER (WHERE status = 'done') AS done,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'pending') AS pending,
+       min(id) FILTER (WHERE status = 'pending') AS pending_from,
+       max(id) FILTER (WHERE status = 'pending') AS pending_to,
+       count(*) FILTER (WHERE status = 'processing') AS processing,
+       min(id) FILTER (WHERE status = 'processing') AS processing_from,
+       max(id) FILTER (WHERE status = 'processing') AS processing_to,
+       count(*) FILTER (WHERE status = 'dead' AND (ordered OR NOT %(include_dead)s OR created_at >= %(cutoff)s)) AS blocking,
+       min(id) FILTER (WHERE status = 'dead' AND (ordered OR NOT %(include_dead)s OR created_at >= %(cutoff)s)) AS blocking_from,
+       max(id) FILTER (WHERE status = 'dead' AND (ordered OR NOT %(include_dead)s OR created_at >= %(cutoff)s)) AS blocking_to,
+       count(*) FILTER (WHERE status = 'done' AND done_at >= %(cutoff)s) AS recent,
+       min(id) FILTER (WHERE status = 'done' AND done_at >= %(cutoff)s) AS recent_from,
+       max(id) FILTER (WHERE status = 'done' AND done_at >= %(cutoff)s) AS recent_to,
+       coalesce(bool_or(created_at >= %(cutoff)s), false) AS newer
+  FROM {outbox}
+ WHERE created_at >= %(lo)s AND created_at < %(hi)s;
 
 -- partition_prune_turn --
 -- One relay prune at a time drops partitions of an outbox (a session lock, released when it is done): two would detach the same partition.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -28,7 +28,7 @@ from relay.retention import prune
 from tests.commit_order_helpers import RelayInThread, assert_commit_order, relay_settings
 from tests.conftest import Db
 from tests.ops_helpers import relay_json, target
-from tests.producers import CommitLog, LockedProducers, create_producer_tables
+from tests.producers import CommitLog, LockedProducers, create_producer_tables, first_deliveries, order_violations
 from tests.relay_process import RelayProcess, run_relay, wait_until
 
 SIZE = 20
@@ -372,3 +372,176 @@ def test_a_running_relay_makes_the_partitions_producers_need(
     db.insert([("a", "EmailQueued", {}) for _ in range(30)])  # ids 51..80
     assert wait_until(lambda: db.settled(80), timeout=30), relay.tail()
     assert "partitions ahead: this relay leads" in relay.stderr(), relay.tail()
+
+
+# ---- partitioned by time (created_at)
+
+HOUR = timedelta(hours=1)
+
+
+async def _partition_by_time(pg_dsn: str, names: OutboxNames, span: timedelta = HOUR, ahead: int = 2) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await migrate(conn, names, PartitionSpec(span=span, ahead=ahead))
+
+
+def _hour(db: Db) -> datetime:
+    """The start of the hour holding now(), as keep_ahead aligns it."""
+    [(start,)] = db.conn.execute("SELECT date_bin('1 hour', now(), timestamptz '1970-01-01 00:00:00+00')").fetchall()
+    assert isinstance(start, datetime)
+    return start
+
+
+def _hourly(db: Db, start: datetime) -> str:
+    return f"{db.names.table}_p{start.astimezone(UTC):%Y%m%d%H}"
+
+
+def _past_partition(db: Db, start: datetime) -> str:
+    """The partition an earlier keep_ahead made for the hour ``start`` (keep_ahead itself
+    only makes now's and those ahead)."""
+    name = _hourly(db, start)
+    part, outbox = sql.Identifier(db.names.schema, name), db.table
+    db.conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)").format(part, outbox))
+    db.conn.execute(
+        sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
+            outbox, part, sql.Literal(start), sql.Literal(start + HOUR)
+        )
+    )
+    return name
+
+
+def _insert_at(db: Db, rows: list[tuple[str, datetime]]) -> list[int]:
+    """One transaction of ordered rows (aggregate_id, created_at), as the owner (producers
+    cannot choose created_at): rows created in past hours."""
+    with db.conn.transaction():
+        return [
+            db.conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, created_at)"
+                    " VALUES ('order', %s, 'OrderPlaced', '{{}}', %s) RETURNING id"
+                ).format(db.table),
+                (aggregate, at),
+            ).fetchall()[0][0]
+            for aggregate, at in rows
+        ]
+
+
+async def test_a_time_partitioned_outbox_has_now_and_the_partitions_ahead_and_a_primary_key_with_created_at(
+    pg_dsn: str, names: OutboxNames, db: Db, relay_dsn: str
+) -> None:
+    await _partition_by_time(pg_dsn, names, span=timedelta(days=1), ahead=3)
+    [(day,)] = db.conn.execute("SELECT date_bin('1 day', now(), timestamptz '1970-01-01 00:00:00+00')").fetchall()
+    days = [f"outbox_p{(day + timedelta(days=n)).astimezone(UTC):%Y%m%d}" for n in range(4)]
+    assert _partitions(db) == days
+    [(pkey,)] = db.conn.execute(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'",
+        (names.qualified,),
+    ).fetchall()
+    assert pkey == "PRIMARY KEY (id, created_at)"
+    assert db.insert([("a", "OrderPlaced", {}), ("b", "OrderPlaced", {})]) == [1, 2]
+    async with await psycopg.AsyncConnection.connect(relay_dsn, autocommit=True) as conn:
+        again = await keep_ahead(conn, names)  # as the relays' role: nothing missing
+    assert again.partitioned and again.created == () and again.covered_until == day + timedelta(days=4)
+    proc = run_relay("migrate", "--dsn", pg_dsn, "--schema", names.schema, "--partition-by", "time",
+                     "--partition-interval", "1d", "--partitions-ahead", "5")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert _partitions(db) == days + [f"outbox_p{(day + timedelta(days=n)).astimezone(UTC):%Y%m%d}" for n in (4, 5)]
+
+
+async def test_the_partition_interval_and_key_cannot_change(pg_dsn: str, names: OutboxNames, db: Db) -> None:
+    await _partition_by_time(pg_dsn, names)
+    with pytest.raises(ConfigError, match=r"partitioned by time, 1h per partition; --partition-interval 1d cannot"):
+        await _partition_by_time(pg_dsn, names, span=timedelta(days=1))
+    with pytest.raises(ConfigError, match="--partition-by id cannot change that"):
+        await _partition(pg_dsn, names)
+    proc = run_relay("migrate", "--dsn", pg_dsn, "--schema", names.schema, "--partition-by", "time",
+                     "--partition-interval", "2h")  # fmt: skip
+    assert proc.returncode != 0 and "--partition-interval 2h cannot change that" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert db.insert([("a", "OrderPlaced", {})]) == [1]
+
+
+@pytest.mark.parametrize("span", [timedelta(minutes=30), timedelta(minutes=90), timedelta(days=400)])
+def test_a_partition_interval_is_whole_hours_up_to_366_days(span: timedelta) -> None:
+    with pytest.raises(ConfigError, match=r"--partition-interval .*: a whole number of hours, from 1h to 366d"):
+        PartitionSpec(span=span)
+
+
+async def test_a_relay_delivers_in_commit_order_across_time_partitions(
+    pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db
+) -> None:
+    """Transactions whose rows land in three past hours and the current one, in turn: the
+    relay delivers each aggregate's rows in commit order whatever partition holds them."""
+    await _partition_by_time(pg_dsn, names)
+    hour = _hour(db)
+    for n in (3, 2, 1):
+        _past_partition(db, hour - n * HOUR)
+    relay = RelayInThread(relay_settings(relay_dsn, names))
+    expected: dict[str, list[int]] = {}
+
+    def produce() -> None:
+        for t in range(12):
+            at = hour - (t % 4) * HOUR + timedelta(minutes=t)
+            rows = [(f"order-{(t + i) % 3}", at) for i in range(4)]
+            for (aggregate, _), id_ in zip(rows, _insert_at(db, rows), strict=True):
+                expected.setdefault(aggregate, []).append(id_)
+
+    await relay.run_while(produce, lambda: {i for ids in expected.values() for i in ids})
+    counts = db.conn.execute(
+        sql.SQL("SELECT tableoid::regclass::text, count(*) FROM {} GROUP BY 1").format(db.table)
+    ).fetchall()
+    assert len(counts) == 4, counts
+    first = [m for m in first_deliveries(relay.publisher.delivered) if m.ordered]
+    assert len(first) == 48 and not order_violations(expected, first)
+
+
+async def test_prune_drops_a_finished_time_partition_and_keeps_one_with_a_pending_row(
+    pg_dsn: str, names: OutboxNames, db: Db
+) -> None:
+    await _partition_by_time(pg_dsn, names)
+    hour = _hour(db)
+    old, older = _past_partition(db, hour - 2 * HOUR), _past_partition(db, hour - 3 * HOUR)
+    _insert_at(db, [("a", hour - 3 * HOUR + timedelta(minutes=5 + i)) for i in range(5)])
+    ids = _insert_at(db, [("b", hour - 2 * HOUR + timedelta(minutes=5 + i)) for i in range(5)])
+    db.insert([("c", "OrderPlaced", {})])  # now: the current partition
+    db.conn.execute(
+        sql.SQL("UPDATE {} SET status = 'done', done_at = now() - interval '1 day' WHERE id <> %s").format(db.table),
+        (ids[2],),
+    )
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        result = await prune(conn, names, timedelta(minutes=30))
+    assert result.partitions is not None
+    assert [(p.name, p.done) for p in result.partitions.dropped] == [(older, 5)]
+    why = {k.name: k.why for k in result.partitions.kept}
+    assert why[old] == f"1 pending row (id {ids[2]})"
+    assert why[_hourly(db, hour)] == "holds now"
+    assert why[_hourly(db, hour + HOUR)] == why[_hourly(db, hour + 2 * HOUR)] == "ahead of now"
+    assert older not in _partitions(db) and len(db.rows()) == 6
+
+
+async def test_a_time_partition_an_interrupted_prune_left_detached_is_dropped_or_attached_again_at_its_hour(
+    pg_dsn: str, names: OutboxNames, db: Db
+) -> None:
+    await _partition_by_time(pg_dsn, names)
+    hour = _hour(db)
+    done, busy = _past_partition(db, hour - 3 * HOUR), _past_partition(db, hour - 2 * HOUR)
+    _insert_at(db, [("a", hour - 3 * HOUR + timedelta(minutes=1))])
+    [pending] = _insert_at(db, [("b", hour - 2 * HOUR + timedelta(minutes=1))])
+    db.conn.execute(
+        sql.SQL("UPDATE {} SET status = 'done', done_at = now() - interval '1 day' WHERE id <> %s").format(db.table),
+        (pending,),
+    )
+    for name in (done, busy):
+        db.conn.execute(
+            sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(db.table, sql.Identifier(names.schema, name))
+        )
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        result = await prune(conn, names, timedelta(minutes=30))
+    assert result.partitions is not None and [p.name for p in result.partitions.dropped] == [done]
+    assert busy in _partitions(db) and db.row(pending)["status"] == "pending"
+    # Attached again at its own hour: its first and last instants land in it.
+    for at in (hour - 2 * HOUR, hour - HOUR - timedelta(microseconds=1)):
+        [id_] = _insert_at(db, [("c", at)])
+        [(where,)] = db.conn.execute(
+            sql.SQL("SELECT tableoid::regclass::text FROM {} WHERE id = %s").format(db.table), (id_,)
+        ).fetchall()
+        assert where == f"{names.schema}.{busy}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from datetime import UTC
 from typing import Any
 
 import click
@@ -49,8 +50,9 @@ def migrate_cmd(**cli_values: Any) -> None:
     store that ordering map, so rows are routed by it from then on; with --notify/--no-notify,
     store whether producers' inserts wake the relays. Both are shared by every relay of the
     outbox (`relay settings show`); without these options the stored settings stay as they are.
-    With --partition-by id --partition-size N, make a new (or empty) outbox range-partitioned
-    by id; on a partitioned outbox every run creates the partitions missing ahead.
+    With --partition-by id --partition-size N (or --partition-by time --partition-interval 1d),
+    make a new (or empty) outbox range-partitioned by id (or by created_at); on a partitioned
+    outbox every run creates the partitions missing ahead.
     With --grant-producer ROLE / --grant-relay ROLE (repeatable), grant those existing roles
     what producers and relays need, and nothing more (`relay grants` prints the SQL instead).
     """
@@ -65,12 +67,23 @@ def migrate_cmd(**cli_values: Any) -> None:
         update = SettingsUpdate(notify=values["notify"]) if values["notify"] is not None else None
 
     partitioning = None
-    if values["partition_by"] is not None:
-        if values["partition_size"] is None:
+    by, size, span = values["partition_by"], values["partition_size"], values["partition_interval"]
+    if by == "id":
+        if size is None:
             raise ConfigError("--partition-by id needs --partition-size N (ids per partition, e.g. 1000000)")
-        partitioning = PartitionSpec(size=values["partition_size"], ahead=values["partitions_ahead"])
-    elif values["partition_size"] is not None:
+        if span is not None:
+            raise ConfigError("--partition-interval is for --partition-by time, not id")
+        partitioning = PartitionSpec(size=size, ahead=values["partitions_ahead"])
+    elif by == "time":
+        if span is None:
+            raise ConfigError("--partition-by time needs --partition-interval (created_at span per partition, e.g. 1d)")
+        if size is not None:
+            raise ConfigError("--partition-size is for --partition-by id, not time")
+        partitioning = PartitionSpec(span=span, ahead=values["partitions_ahead"])
+    elif size is not None:
         raise ConfigError("--partition-size is for --partition-by id: give both, or neither")
+    elif span is not None:
+        raise ConfigError("--partition-interval is for --partition-by time: give both, or neither")
 
     chosen = grants.grantees(values["grant_producer"] or (), values["grant_relay"] or ())
 
@@ -97,15 +110,19 @@ def migrate_cmd(**cli_values: Any) -> None:
             click.echo(f"{names.qualified}: up to date ({len(result.already)} migrations applied earlier)")
         if result.partitioned is not None and result.partitioned.converted:
             click.echo(
-                f"{names.qualified}: partitioned by id, {result.partitioned.size:,} ids per partition,"
+                f"{names.qualified}: partitioned {result.partitioned.spec.describe()},"
                 f" {result.partitioned.ahead} kept ahead"
             )
         if result.ahead is not None:
             made = ", ".join(result.ahead.created) or "none missing"
-            click.echo(
-                f"{names.qualified}: partitions ahead: {made}; ids up to {(result.ahead.covered_to or 1) - 1:,}"
-                f" have a partition (next id {result.ahead.next_id:,})"
-            )
+            if result.ahead.covered_until is not None:
+                until = result.ahead.covered_until.astimezone(UTC).isoformat(timespec="minutes")
+                click.echo(f"{names.qualified}: partitions ahead: {made}; rows created before {until} have a partition")
+            else:
+                click.echo(
+                    f"{names.qualified}: partitions ahead: {made}; ids up to {(result.ahead.covered_to or 1) - 1:,}"
+                    f" have a partition (next id {result.ahead.next_id:,})"
+                )
         if ordering is not None:
             click.echo(f"{names.qualified}: ordering map stored: {ordering.describe()}")
         if change is not None:

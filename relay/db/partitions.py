@@ -1,5 +1,5 @@
-"""A partitioned outbox: range partitions by id, created ahead of the producers and dropped
-whole once every row in them is finished.
+"""A partitioned outbox: range partitions by id or by created_at (time), created ahead of the
+producers and dropped whole once every row in them is finished.
 
 Why: at high rates, deleting done rows one by one (relay.retention) leaves millions of dead
 tuples for vacuum to reclaim, and some servers run with autovacuum off. Dropping a partition
@@ -7,7 +7,7 @@ removes its rows, their index entries and their space in one catalog change.
 
 Three duties, each safe to run from several processes at once:
 
-* :func:`partition_outbox` (``relay migrate --partition-by id``) turns an **empty** plain
+* :func:`partition_outbox` (``relay migrate --partition-by id|time``) turns an **empty** plain
   outbox into a partitioned one, in the migration's transaction: a non-empty table cannot be
   converted online (docs/partitioning.md gives the way over).
 * :func:`keep_ahead` creates the partitions the next ids will need, ``ahead`` beyond the one
@@ -19,6 +19,11 @@ Three duties, each safe to run from several processes at once:
   ``DETACH ... CONCURRENTLY`` (producers and relays go on), then a check of the detached
   table under its lock, then ``DROP``; a partition that received a row while it was being
   detached is attached again instead.
+
+By time, the same three duties with another meaning of "current": partitions hold created_at
+ranges aligned to the span from the epoch; the one holding now() and those after it are where
+producers write. The primary key is then (id, created_at) (a unique constraint of a
+partitioned table must hold its partition key); ids stay unique by the identity.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import logging
 import string
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from psycopg import sql
@@ -56,7 +61,8 @@ class Ahead:
     partitioned: bool
     created: tuple[str, ...] = ()
     next_id: int | None = None  # the id the next insert gets (the identity's next value)
-    covered_to: int | None = None  # the first id with no partition: inserts fail from there
+    covered_to: int | None = None  # by id: the first id with no partition: inserts fail from there
+    covered_until: datetime | None = None  # by time: the first instant with no partition
 
     @property
     def room(self) -> int | None:
@@ -82,24 +88,64 @@ async def keep_ahead(conn: Conn, names: OutboxNames) -> Ahead:
     made = tuple(r["created"] or ())
     if made:
         log.info("%s: created partitions %s", names.qualified, ", ".join(made))
-    return Ahead(bool(r["partitioned"]), made, r["next_id"], r["covered_to"])
+    return _ahead(r, made)
+
+
+def _ahead(r: Row, made: tuple[str, ...]) -> Ahead:
+    return Ahead(bool(r["partitioned"]), made, r["next_id"], r["covered_to"], r["covered_until"])
 
 
 # ---- creating a partitioned outbox
 
 
+# By time, partitions are named by their start to the hour (<table>_pYYYYMMDDHH, or
+# <table>_pYYYYMMDD for whole days): 40 characters of table name, the suffix and "_in_flight"
+# fit PostgreSQL's 63 bytes, and whole hours keep every name distinct.
+MIN_SPAN = timedelta(hours=1)
+MAX_SPAN = timedelta(days=366)
+
+
 @dataclass(frozen=True)
 class PartitionSpec:
-    """``relay migrate --partition-by id --partition-size N --partitions-ahead K``."""
+    """``relay migrate --partition-by id --partition-size N --partitions-ahead K`` or
+    ``--partition-by time --partition-interval 1d --partitions-ahead K`` (``span`` given)."""
 
-    size: int
+    size: int | None = None
     ahead: int = DEFAULT_AHEAD
+    span: timedelta | None = None
 
     def __post_init__(self) -> None:
-        if self.size < 1:
+        if (self.size is None) == (self.span is None):
+            raise ConfigError("an outbox is partitioned by id (a size) or by time (an interval): one of them")
+        if self.size is not None and self.size < 1:
             raise ConfigError(f"invalid --partition-size {self.size}: at least 1 id per partition")
+        if self.span is not None and (
+            self.span < MIN_SPAN or self.span > MAX_SPAN or self.span % MIN_SPAN != timedelta(0)
+        ):
+            raise ConfigError(
+                f"invalid --partition-interval {self.span / MIN_SPAN:g}h: a whole number of hours, from 1h to 366d"
+            )
         if self.ahead < 1:
             raise ConfigError(f"invalid --partitions-ahead {self.ahead}: at least 1")
+
+    @property
+    def key(self) -> str:
+        return "time" if self.span is not None else "id"
+
+    def describe(self) -> str:
+        if self.span is not None:
+            return f"by time, {span_text(self.span)} per partition"
+        return f"by id, {self.size:,} ids per partition"
+
+
+def span_text(span: timedelta) -> str:
+    """A partition's span as --partition-interval takes it: ``7d``, ``36h``."""
+    day = timedelta(days=1)
+    return f"{span // day}d" if span % day == timedelta(0) else f"{span // MIN_SPAN}h"
+
+
+def _stored(row: Row) -> PartitionSpec:
+    return PartitionSpec(size=row["size"], ahead=row["ahead"], span=row["span"])
 
 
 @dataclass(frozen=True)
@@ -108,35 +154,64 @@ class Partitioned:
     found it partitioned already; the partitions kept ahead."""
 
     converted: bool
-    size: int
-    ahead: int
+    spec: PartitionSpec
     partitions: Ahead
+
+    @property
+    def size(self) -> int | None:
+        return self.spec.size
+
+    @property
+    def ahead(self) -> int:
+        return self.spec.ahead
 
 
 async def partition_outbox(conn: Conn, names: OutboxNames, spec: PartitionSpec) -> Partitioned:
-    """Make the outbox ``names`` partitioned by id as ``spec`` says, inside the caller's
-    transaction (`relay migrate`'s, under its advisory lock, after the migrations): an empty
-    plain outbox is replaced by a partitioned one; a partitioned one keeps its size (a
-    different one is refused) and takes the new ``ahead``. Refuses a plain outbox that holds
-    rows, changing nothing."""
+    """Make the outbox ``names`` partitioned by id or by time as ``spec`` says, inside the
+    caller's transaction (`relay migrate`'s, under its advisory lock, after the migrations): an
+    empty plain outbox is replaced by a partitioned one; a partitioned one keeps its key and
+    its size or interval (another is refused) and takes the new ``ahead``. Refuses a plain
+    outbox that holds rows, changing nothing."""
     if not await is_partitioned(conn, names):
-        await _convert(conn, names)
+        await _convert(conn, names, spec)
         converted = True
     else:
         rows = await fetch_all(conn, names, "partition_config")
-        if rows and rows[0]["size"] != spec.size:
-            raise ConfigError(
-                f"{names.qualified} is partitioned by {rows[0]['size']:,} ids per partition; --partition-size"
-                f" {spec.size:,} cannot change that (partitions already hold ids by it)"
-            )
+        if rows:
+            _refuse_change(names, _stored(rows[0]), spec)
         converted = False
-    await conn.execute(statement(names, "partition_config_write"), {"size": spec.size, "ahead": spec.ahead})
+    await conn.execute(
+        statement(names, "partition_config_write"),
+        {"key": spec.key, "size": spec.size, "span": spec.span, "ahead": spec.ahead},
+    )
     r = await fetch_one(conn, names, "partition_keep_ahead")
-    ahead = Ahead(bool(r["partitioned"]), tuple(r["created"] or ()), r["next_id"], r["covered_to"])
-    return Partitioned(converted, spec.size, spec.ahead, ahead)
+    return Partitioned(converted, spec, _ahead(r, tuple(r["created"] or ())))
 
 
-async def _convert(conn: Conn, names: OutboxNames) -> None:
+def _refuse_change(names: OutboxNames, stored: PartitionSpec, spec: PartitionSpec) -> None:
+    """One line when ``spec`` asks for another key, size or interval than the outbox has:
+    its partitions already hold rows by the stored one."""
+    if stored.key != spec.key:
+        raise ConfigError(
+            f"{names.qualified} is partitioned {stored.describe()}; --partition-by {spec.key} cannot change that"
+            " (its partitions already hold rows by the other key)"
+        )
+    if stored.size != spec.size:
+        assert stored.size is not None and spec.size is not None
+        raise ConfigError(
+            f"{names.qualified} is partitioned by {stored.size:,} ids per partition; --partition-size"
+            f" {spec.size:,} cannot change that (partitions already hold ids by it)"
+        )
+    if stored.span != spec.span:
+        assert stored.span is not None and spec.span is not None
+        raise ConfigError(
+            f"{names.qualified} is partitioned by time, {span_text(stored.span)} per partition;"
+            f" --partition-interval {span_text(spec.span)} cannot change that (partitions already hold"
+            " rows by it)"
+        )
+
+
+async def _convert(conn: Conn, names: OutboxNames, spec: PartitionSpec) -> None:
     await conn.execute(statement(names, "partition_convert_lock"))
     state = await fetch_one(conn, names, "partition_convert_state")
     if state["has_rows"]:
@@ -146,7 +221,8 @@ async def _convert(conn: Conn, names: OutboxNames) -> None:
             " over (docs/partitioning.md, 'An existing outbox')"
         )
     grants = await fetch_all(conn, names, "partition_convert_grants")
-    await conn.execute(statement(names, "partition_convert_table"))
+    table = "partition_convert_table_time" if spec.key == "time" else "partition_convert_table"
+    await conn.execute(statement(names, table))
     [sequence] = await fetch_all(conn, names, "partition_convert_sequence")
     wanted = f"{names.table}_id_seq"
     if sequence["name"] != wanted:
@@ -184,11 +260,24 @@ async def _grant_again(conn: Conn, names: OutboxNames, g: Row) -> None:
 # ---- retention by the partition
 
 
+# A partition's bounds: ids [lo, hi) by id, created_at [lo, hi) by time.
+Bound = int | datetime
+
+
+def bounds_text(lo: Bound, hi: Bound) -> str:
+    """A partition's bounds for people: ``ids 20..39`` or ``created 2026-12-04 00:00..2026-12-05 00:00 UTC``."""
+    if isinstance(lo, datetime) and isinstance(hi, datetime):
+        a, b = lo.astimezone(UTC), hi.astimezone(UTC)
+        return f"created {a:%Y-%m-%d %H:%M}..{b:%Y-%m-%d %H:%M} UTC"
+    assert isinstance(lo, int) and isinstance(hi, int)
+    return f"ids {lo}..{hi - 1}"
+
+
 @dataclass(frozen=True)
 class DroppedPartition:
     name: str
-    lo: int  # ids [lo, hi)
-    hi: int
+    lo: Bound  # ids [lo, hi), or created_at [lo, hi) by time
+    hi: Bound
     done: int  # done rows it held
     dead: int  # dead unordered rows it held (only with include_dead)
 
@@ -196,8 +285,8 @@ class DroppedPartition:
 @dataclass(frozen=True)
 class KeptPartition:
     name: str
-    lo: int
-    hi: int
+    lo: Bound
+    hi: Bound
     why: str  # one line: "2 pending rows (ids 12..40)", "current", ...
 
 
@@ -255,8 +344,8 @@ async def drop_finished(
 ) -> PartitionsPruned:
     """Drop (``dry_run``: name) the partitions of the outbox ``names`` whose every row is
     finished before ``cutoff`` by prune's rule: done before it, or with ``include_dead`` dead,
-    unordered and created before it. Never the partition holding the last id handed out nor
-    any after it, nor one holding a head. ``conn`` in autocommit mode."""
+    unordered and created before it. Never the partition holding the last id handed out (by
+    time: now) nor any after it, nor one holding a head. ``conn`` in autocommit mode."""
     kind = await fetch_all(conn, names, "partition_kind", {"schema": names.schema, "table": names.table})
     if not kind or not kind[0]["owner"]:
         return PartitionsPruned(
@@ -277,9 +366,12 @@ async def _drop_finished(
     params: dict[str, Any] = {"cutoff": cutoff, "include_dead": include_dead}
     dropped: list[DroppedPartition] = []
     kept: list[KeptPartition] = []
-    if not dry_run:
-        dropped += await _orphans(conn, names, params, kept)
-    parts = await fetch_all(conn, names, "partition_list")
+    config = await fetch_all(conn, names, "partition_config")
+    spec = _stored(config[0]) if config else None
+    by_time = spec is not None and spec.key == "time"
+    if not dry_run and spec is not None:
+        dropped += await _orphans(conn, names, spec, params, kept)
+    parts = await fetch_all(conn, names, "partition_list_time" if by_time else "partition_list")
     if not dry_run:
         for p in parts:
             if p["detaching"]:  # an interrupted DETACH ... CONCURRENTLY: finish it, then decide
@@ -287,16 +379,17 @@ async def _drop_finished(
                 gone = await _drop_detached(conn, names, p["name"], p["lo"], p["hi"], params, kept)
                 dropped += [gone] if gone else []
         parts = [p for p in parts if not p["detaching"]]
-    last_id = parts[0]["last_id"] if parts else None
-    # The partition holding the last id handed out, and every one after it, are where
-    # producers write: never candidates.
-    current = next((p["lo"] for p in parts if last_id is not None and p["lo"] <= last_id < p["hi"]), None)
-    candidates = [p for p in parts if last_id is not None and p["hi"] <= (current if current is not None else last_id)]
+    # The partition holding the last id handed out (by time: now), and every one after it,
+    # are where producers write: never candidates.
+    last: Bound | None = (parts[0]["now"] if by_time else parts[0]["last_id"]) if parts else None
+    current = next((p["lo"] for p in parts if last is not None and p["lo"] <= last < p["hi"]), None)
+    candidates = [p for p in parts if last is not None and p["hi"] <= (current if current is not None else last)]
     later = [p for p in parts if p not in candidates]
     heads = {
         r["lo"]: r["heads"]
         for r in await fetch_all(
-            conn, names, "partition_heads", {"los": [p["lo"] for p in candidates], "his": [p["hi"] for p in candidates]}
+            conn, names, "partition_heads_time" if by_time else "partition_heads",
+            {"los": [p["lo"] for p in candidates], "his": [p["hi"] for p in candidates]},
         )
     } if candidates else {}  # fmt: skip
     newer_from: int | None = None
@@ -304,14 +397,15 @@ async def _drop_finished(
         if newer_from is not None:
             kept.append(KeptPartition(p["name"], p["lo"], p["hi"], "newer than the cutoff"))
             continue
-        r = await fetch_one(conn, names, "partition_rows", {**params, "lo": p["lo"], "hi": p["hi"]})
+        rows = "partition_rows_time" if by_time else "partition_rows"
+        r = await fetch_one(conn, names, rows, {**params, "lo": p["lo"], "hi": p["hi"]})
         why = _why_kept(r)
         if heads.get(p["lo"]):
             n = heads[p["lo"]]
             why = ", ".join(filter(None, [why, f"head of {n:,} aggregate{'s' if n != 1 else ''}"]))
         if r["newer"]:
-            # Ids follow creation: the partitions after this one hold rows created later
-            # still, all after the cutoff; they are not read.
+            # Ids follow creation (and time partitions are creation): the partitions after
+            # this one hold rows created later still, all after the cutoff; they are not read.
             newer_from = p["lo"]
         if why is not None:
             kept.append(KeptPartition(p["name"], p["lo"], p["hi"], why))
@@ -323,13 +417,22 @@ async def _drop_finished(
         gone = await _drop_detached(conn, names, p["name"], p["lo"], p["hi"], params, kept)
         dropped += [gone] if gone else []
     for p in later:
-        what = "holds the last id handed out" if p["lo"] == current else "ahead of the last id"
+        if by_time:
+            what = "holds now" if p["lo"] == current else "ahead of now"
+        else:
+            what = "holds the last id handed out" if p["lo"] == current else "ahead of the last id"
         kept.append(KeptPartition(p["name"], p["lo"], p["hi"], what))
     return PartitionsPruned(tuple(dropped), tuple(kept[:SAMPLE]), max(0, len(kept) - SAMPLE))
 
 
 async def _drop_detached(
-    conn: Conn, names: OutboxNames, name: str, lo: int, hi: int, params: dict[str, Any], kept: list[KeptPartition]
+    conn: Conn,
+    names: OutboxNames,
+    name: str,
+    lo: Bound,
+    hi: Bound,
+    params: dict[str, Any],
+    kept: list[KeptPartition],
 ) -> DroppedPartition | None:
     """Drop the detached partition ``name`` if its rows, read under its lock, are all still
     finished; else attach it again as [lo, hi) and say so in ``kept``."""
@@ -341,7 +444,7 @@ async def _drop_detached(
         assert r is not None
         if not r["unfinished"]:
             await conn.execute(_render(names, "partition_drop", name))
-            log.info("%s: dropped partition %s (ids %d..%d, %d rows)", names.qualified, name, lo, hi - 1, r["rows"])
+            log.info("%s: dropped partition %s (%s, %d rows)", names.qualified, name, bounds_text(lo, hi), r["rows"])
             return DroppedPartition(name, lo, hi, r["done"], r["dead"])
         await conn.execute(
             sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
@@ -356,20 +459,25 @@ async def _drop_detached(
 
 
 async def _orphans(
-    conn: Conn, names: OutboxNames, params: dict[str, Any], kept: list[KeptPartition]
+    conn: Conn, names: OutboxNames, spec: PartitionSpec, params: dict[str, Any], kept: list[KeptPartition]
 ) -> list[DroppedPartition]:
     """Partitions an interrupted prune detached and did not drop: dropped now if finished,
-    else attached again at the bounds their number gives."""
+    else attached again at the bounds their number (by time: their start) gives."""
     orphans = await fetch_all(conn, names, "partition_orphans", {"schema": names.schema, "table": names.table})
-    if not orphans:
-        return []
-    config = await fetch_all(conn, names, "partition_config")
-    if not config:
-        return []
-    size = int(config[0]["size"])
     out = []
     for o in orphans:
-        lo = int(o["number"]) * size
-        gone = await _drop_detached(conn, names, o["name"], lo, lo + size, params, kept)
+        lo: Bound
+        hi: Bound
+        if spec.span is not None:
+            digits = o["name"][len(names.table) + 2 :]
+            if len(digits) not in (8, 10):
+                continue  # not a name keep_ahead gives by time
+            lo = datetime.strptime(digits.ljust(10, "0"), "%Y%m%d%H").replace(tzinfo=UTC)
+            hi = lo + spec.span
+        else:
+            assert spec.size is not None
+            lo = int(o["number"]) * spec.size
+            hi = lo + spec.size
+        gone = await _drop_detached(conn, names, o["name"], lo, hi, params, kept)
         out += [gone] if gone else []
     return out

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from relay.db.names import OutboxNames
+from relay.db.partitions import bounds_text
 from relay.db.readmodel import DeadFilter, DeadPage, WakeupStatus
 from relay.durations import age_text, format_duration
 from relay.ops.deadletters import DeadGroups, WriteResult
@@ -372,7 +373,7 @@ def _render_partitions_pruned(result: PruneResult, names: OutboxNames) -> str:
     if p.refused:
         lines.append(f"  nothing dropped: {p.refused}")
     for d in p.dropped:
-        lines.append(f"  {d.name}: {verb} (ids {d.lo}..{d.hi - 1}, {d.done + d.dead:,} rows)")
+        lines.append(f"  {d.name}: {verb} ({bounds_text(d.lo, d.hi)}, {d.done + d.dead:,} rows)")
     for k in p.kept:
         lines.append(f"  {k.name}: kept, {k.why}")
     if p.more_kept:
