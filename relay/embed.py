@@ -68,7 +68,10 @@ class Relay:
     :param outboxes: several outboxes for one relay: one mapping each, with a ``name``
         and the settings that are its own (``dsn``, ``schema``, ``table``, ``exchange``,
         ``workers``, ...); the other settings given here are every outbox's defaults. The
-        config file's ``[[outboxes]]`` does the same (docs/outboxes.md).
+        config file's ``[[outboxes]]`` does the same (docs/outboxes.md). With several
+        outboxes, :meth:`start` returns once each delivers or has been found held (at most
+        10 s): one outbox whose database or schema is wrong is held, logged and started
+        again, never raised, so that the others deliver.
     """
 
     def __init__(
