@@ -28,6 +28,7 @@ from relay.config import (
     OTEL_OPTION,
     START_OPTIONS,
     RelaySettings,
+    cloudevents_from,
     names_from,
     require_broker,
     require_dsn,
@@ -242,6 +243,8 @@ _REPLAY_MEANINGS = {
     "statement_timeout": "PostgreSQL cancels a statement of the replay's session that runs longer (0s: off);"
     " the plan, taken once at the start, has no limit of its own.",
     "idle_in_transaction_timeout": None,
+    "envelope": None,
+    "cloudevents_source": None,
 }
 REPLAY_OPTIONS: tuple[Option, ...] = (
     *CORE_OPTIONS,
@@ -297,7 +300,13 @@ def compose_replay(
         backoff=Backoff(base=v["backoff_base"], cap=v["backoff_cap"]),
         rate=rate,
     )
-    publish = PublishLimits(limits.publish_timeout, workers=limits.workers, batch_size=limits.batch_size)
+    publish = PublishLimits(
+        limits.publish_timeout,
+        workers=limits.workers,
+        batch_size=limits.batch_size,
+        # A replay's events are the same CloudEvents (the same ids) as their first delivery.
+        cloudevents=cloudevents_from(v, broker, names),
+    )
     return ReplayParts(
         dsn=dsn,
         names=names,

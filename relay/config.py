@@ -12,6 +12,7 @@ from typing import Any
 
 from relay.adapters.registry import BROKERS
 from relay.backoff import Backoff
+from relay.cloudevents import ENVELOPES, CloudEvents
 from relay.contract import PublishLimits
 from relay.db.dispatch import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, MIN_BATCH_BYTES
 from relay.db.names import OutboxNames
@@ -152,6 +153,22 @@ START_OPTIONS: tuple[Option, ...] = (
         True,
         "Claim each worker's next batch while its current one publishes; --no-pipeline claims,"
         " publishes and finalizes one after another.",
+    ),
+    Option(
+        "envelope",
+        "choice",
+        "relay",
+        "What consumers read beside the payload: relay (the relay's own headers), cloudevents"
+        " (CloudEvents 1.0, binary mode: ce- headers) or cloudevents-json (structured mode: one"
+        " application/cloudevents+json body); CloudEvents on --broker http and kafka.",
+        choices=ENVELOPES,
+    ),
+    Option(
+        "cloudevents_source",
+        "str",
+        None,
+        "The CloudEvents source attribute of every event (default urn:outbox-relay:SCHEMA.TABLE).",
+        nonempty=True,
     ),
     Option("max_attempts", "int", 12, "Claims a message gets before it goes to dead.", minimum=1, maximum=1000),
     Option(
@@ -304,6 +321,7 @@ class RelaySettings:
     session: SessionLimits = field(default_factory=SessionLimits)
     # Lines `relay start` logs once as warnings (deprecated options that were given).
     warnings: tuple[str, ...] = ()
+    cloudevents: CloudEvents | None = None  # --envelope cloudevents[-json]
 
     @classmethod
     def from_values(cls, v: Mapping[str, Any], *, broker: str | None = None) -> RelaySettings:
@@ -340,10 +358,12 @@ class RelaySettings:
                 defer_max_age=v["defer_max_age"],
             ),
         )
+        names = names_from(v)
         return cls(
             dsn=dsn,
-            names=names_from(v),
+            names=names,
             broker=broker,
+            cloudevents=cloudevents_from(v, broker, names),
             workers=v["workers"],
             worker=worker,
             ordering=ordering,
@@ -357,11 +377,30 @@ class RelaySettings:
     def publish_limits(self) -> PublishLimits:
         """What the broker adapter is told of the core's settings when it is built."""
         return PublishLimits(
-            publish_timeout=self.worker.publish_timeout, workers=self.workers, batch_size=self.worker.batch_size
+            publish_timeout=self.worker.publish_timeout,
+            workers=self.workers,
+            batch_size=self.worker.batch_size,
+            cloudevents=self.cloudevents,
         )
 
 
 ORDERING_OPTIONS = tuple(o for o in START_OPTIONS if o.section == "ordering")
+# The destinations that write CloudEvents (relay.cloudevents) so far.
+CLOUDEVENTS_BROKERS = frozenset({"http", "kafka"})
+
+
+def cloudevents_from(v: Mapping[str, Any], broker: str, names: OutboxNames) -> CloudEvents | None:
+    """--envelope and --cloudevents-source as the destination's adapter takes them."""
+    envelope = v.get("envelope") or "relay"
+    if envelope == "relay":
+        return None
+    if broker not in CLOUDEVENTS_BROKERS:
+        raise ConfigError(
+            f"--envelope {envelope}: --broker {broker} does not write CloudEvents yet"
+            f" ({', '.join(f'--broker {b}' for b in sorted(CLOUDEVENTS_BROKERS))} do)"
+        )
+    source = v.get("cloudevents_source") or f"urn:outbox-relay:{names.schema}.{names.table}"
+    return CloudEvents(source=source, structured=envelope == "cloudevents-json")
 
 
 def _deprecations(v: Mapping[str, Any]) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeAlias, TypeVar, runtime_checkable
 
+from relay.cloudevents import CloudEvents
 from relay.errors import BatchRaised, ConfigError, RetryableError, is_classified
 from relay.message import OutboxMessage
 
@@ -189,11 +190,14 @@ class PublishLimits:
         adapter's own timeouts (confirms, SDK calls) should end inside it.
     :param workers: dispatch loops that may call ``publish`` at once.
     :param batch_size: messages one ``publish`` receives at most.
+    :param cloudevents: write each message as a CloudEvent (``--envelope``), in this
+        binding's way (relay.cloudevents); None: the relay's own envelope.
     """
 
     publish_timeout: timedelta
     workers: int
     batch_size: int
+    cloudevents: CloudEvents | None = None
 
 
 class DestinationSettings(Protocol):

@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, get_args
 
 
@@ -44,6 +45,8 @@ class OutboxMessage:
     # gapless within one epoch; a new one starts where the aggregate's counter starts
     # again. Ordered messages numbered since 0015 only.
     aggregate_epoch: str | None = None
+    # When the producer wrote the row (its created_at): the CloudEvents ``time``.
+    created_at: datetime | None = field(default=None, compare=False)
 
     def payload(self) -> Any:
         """The payload decoded from JSON (tests and simple publishers)."""

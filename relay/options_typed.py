@@ -33,6 +33,8 @@ class RelayOptions(TypedDict, total=False):
     bootstrap_servers: str
     # Where to deliver: a broker, an HTTP API (http), or log (JSON lines on stdout).
     broker: str
+    # The CloudEvents source attribute of every event (default urn:outbox-relay:SCHEMA.TABLE).
+    cloudevents_source: str
     # Deprecated, no effect: ordered events follow commit order whatever the producers lock, and no oth...
     commit_order_guard: bool
     # Declare the exchange (durable, of --exchange-type) at start. By default the relay changes no brok...
@@ -43,6 +45,8 @@ class RelayOptions(TypedDict, total=False):
     dsn: str
     # AWS-compatible endpoint such as http://127.0.0.1:4566. Default: AWS's endpoint for the region, or...
     endpoint_url: str
+    # What consumers read beside the payload: relay (the relay's own headers), cloudevents (CloudEvents...
+    envelope: Literal["relay", "cloudevents", "cloudevents-json"]
     # Exchange to publish to; empty (the default) is the default exchange, which routes by queue name.
     exchange: str
     # Type of the exchange --declare creates: direct, topic, fanout, headers or a plugin's.
@@ -200,12 +204,16 @@ class ReplayOptions(TypedDict, total=False):
     bootstrap_servers: str
     # Where to deliver: a broker, an HTTP API (http), or log (JSON lines on stdout).
     broker: str
+    # The CloudEvents source attribute of every event (default urn:outbox-relay:SCHEMA.TABLE).
+    cloudevents_source: str
     # Declare the exchange (durable, of --exchange-type) at start. By default the relay changes no brok...
     declare: bool
     # PostgreSQL connection string or URL of the database holding the outbox.
     dsn: str
     # AWS-compatible endpoint such as http://127.0.0.1:4566. Default: AWS's endpoint for the region, or...
     endpoint_url: str
+    # What consumers read beside the payload: relay (the relay's own headers), cloudevents (CloudEvents...
+    envelope: Literal["relay", "cloudevents", "cloudevents-json"]
     # Exchange to publish to; empty (the default) is the default exchange, which routes by queue name.
     exchange: str
     # Type of the exchange --declare creates: direct, topic, fanout, headers or a plugin's.

@@ -266,7 +266,7 @@ RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type,
           CASE WHEN picked.bytes <= %(budget)s THEN o.payload END AS payload,
           o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
           o.ordered, o.aggregate_seq, picked.bytes, o.headers,
-          {q_event_id}(o.event_id, o.id, o.xid, o.created_at)::text AS event_id, o.aggregate_epoch;
+          {q_event_id}(o.event_id, o.id, o.xid, o.created_at)::text AS event_id, o.aggregate_epoch, o.created_at;
 
 -- payload_of --
 -- The payload of one claimed row that was over the byte budget, while the lease is still ours.

@@ -100,7 +100,7 @@ SELECT c.rank, c.resume_from,
        o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload,
        o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
        o.ordered, o.aggregate_seq, NULL::integer AS bytes, o.headers,
-       {q_event_id}(o.event_id, o.id, o.xid, o.created_at) AS event_id, o.aggregate_epoch
+       {q_event_id}(o.event_id, o.id, o.xid, o.created_at) AS event_id, o.aggregate_epoch, o.created_at
   FROM cut AS c
   LEFT JOIN {outbox} AS o ON o.id = c.id AND {q_history}(o.status, o.resolution) = ANY (%(histories)s::text[])
  ORDER BY c.rank;

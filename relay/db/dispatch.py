@@ -362,7 +362,7 @@ def message_from_row(row: Sequence[Any], body: bytes, *, exact: bool = False) ->
 
 def _message_from_row(row: Sequence[Any], body: bytes, *, exact: bool) -> OutboxMessage | Unreadable:
     (outbox_id, aggregate_type, aggregate_id, event_type, _payload, attempts, lease_version, age_s, ordered,
-     aggregate_seq, _bytes, raw_headers, event_id, aggregate_epoch) = row  # fmt: skip
+     aggregate_seq, _bytes, raw_headers, event_id, aggregate_epoch, created_at) = row  # fmt: skip
     texts = (aggregate_type, aggregate_id, event_type)
     problem = None
     if exact:
@@ -392,6 +392,7 @@ def _message_from_row(row: Sequence[Any], body: bytes, *, exact: bool) -> Outbox
         headers=headers,
         event_id=None if event_id is None else str(event_id),
         aggregate_epoch=aggregate_epoch,
+        created_at=created_at,
     )
     if problem is None and refused is None:
         return message

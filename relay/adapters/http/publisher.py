@@ -21,6 +21,7 @@ from relay.adapters.http.deferrals import Deferrals
 from relay.adapters.http.redirects import MAX_REDIRECTS, Redirect, next_hop, too_many
 from relay.adapters.http.settings import PRODUCER_REFUSED_HEADERS, RESERVED_HEADERS, HttpSettings
 from relay.adapters.http.signing import signature
+from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, structured_body
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome, each_message, publish_deadline
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError, NotSent, PermanentError, RetryableError, first_line
@@ -168,27 +169,48 @@ class HttpPublisher:
             await self._session.close()
             self._session = None
 
-    def headers(self, m: OutboxMessage, now: int) -> dict[str, str]:
+    def body(self, m: OutboxMessage) -> bytes:
+        """What a request carries: the payload, or (``--envelope cloudevents-json``) the
+        structured CloudEvent around it."""
+        ce = self.settings.cloudevents
+        return structured_body(m, ce.source) if ce is not None and ce.structured else m.body
+
+    def headers(self, m: OutboxMessage, now: int, body: bytes | None = None) -> dict[str, str]:
         """A request's headers: the producer's (trace context among them; never credentials,
         PRODUCER_REFUSED_HEADERS), the destination's static ones, then the relay's, which
-        nothing else may stand in for."""
+        nothing else may stand in for: its Relay-* headers, or with ``--envelope cloudevents``
+        the CloudEvents HTTP binding's ce-* headers (binary mode) or content type
+        (structured). ``body``: what the request carries (signed), the payload by default."""
+        ce = self.settings.cloudevents
         headers: dict[str, str] = {}
         for name, text in (m.headers or {}).items():
             lower = name.lower()
             refused = lower in RESERVED_HEADERS or lower in PRODUCER_REFUSED_HEADERS or lower.startswith("relay-")
+            if ce is not None:
+                refused = refused or lower.startswith("ce-")
             if not refused and lower not in self._static:
                 headers[name] = header_value(text)
         headers.update(self.settings.headers)
         event_id = m.event_id or str(m.id)
-        headers["Content-Type"] = "application/json"
         headers["Idempotency-Key"] = event_id
-        for field, value in m.envelope().items():
-            if field in FIELD_HEADERS:
-                headers[FIELD_HEADERS[field]] = header_value(value)
+        if ce is None:
+            headers["Content-Type"] = "application/json"
+            for field, value in m.envelope().items():
+                if field in FIELD_HEADERS:
+                    headers[FIELD_HEADERS[field]] = header_value(value)
+        elif ce.structured:
+            headers["Content-Type"] = STRUCTURED_CONTENT_TYPE
+        else:
+            headers["Content-Type"] = JSON
+            for name, value in binary_headers(m, ce.source, "ce-").items():
+                if name.startswith("ce-"):  # the producer's own headers were taken above
+                    headers[name] = header_value(value)
         if self.settings.secrets:
             headers["webhook-id"] = event_id
             headers["webhook-timestamp"] = str(now)
-            headers["webhook-signature"] = signature(self.settings.secrets, event_id, now, m.body)
+            headers["webhook-signature"] = signature(
+                self.settings.secrets, event_id, now, m.body if body is None else body
+            )
         return headers
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:
@@ -229,10 +251,11 @@ class HttpPublisher:
             if not await self._rate.wait(latest):
                 return self._not_sent("--http-rate gave no turn early enough")
             try:
-                headers = self.headers(m, int(time.time()))
+                body = self.body(m)
+                headers = self.headers(m, int(time.time()), body)
             except Exception as exc:  # what this message's own fields make of a request
                 return PermanentError(f"cannot make a request of this message for {self._where}: {_said(exc)}")
-            return await self._request(session, m.body, headers)
+            return await self._request(session, body, headers)
         finally:
             self._slots.release()
 

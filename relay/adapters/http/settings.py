@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 from relay.adapters.http.signing import parse_secrets
+from relay.cloudevents import CloudEvents
 from relay.contract import PublishLimits
 from relay.dsn import describe_url, register_secret
 from relay.errors import ConfigError, shown
@@ -300,6 +301,8 @@ class HttpSettings:
     ca_file: str | None = None
     client_cert: str | None = None
     client_key: str | None = None
+    # --envelope cloudevents[-json]: ce- headers (binary) or a structured body (relay.cloudevents).
+    cloudevents: CloudEvents | None = None
 
     @property
     def where(self) -> str:
@@ -355,4 +358,5 @@ class HttpSettings:
             ca_file=values.get("http_ca_file"),
             client_cert=values.get("http_client_cert"),
             client_key=values.get("http_client_key"),
+            cloudevents=limits.cloudevents,
         )

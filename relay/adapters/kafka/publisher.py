@@ -39,6 +39,7 @@ from relay.adapters.kafka.settings import KafkaSettings
 from relay.adapters.kafka.topic import PartitionWatch, TopicLook, look
 from relay.adapters.outage import OutageLog
 from relay.adapters.quiet_logs import QuietLines
+from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, structured_body
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome, publish_deadline
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError, NotSent, PermanentError, RetryableError, first_line
@@ -264,7 +265,20 @@ class KafkaPublisher:
         return cut - min(DEADLINE_RESERVE_S, timeout * DEADLINE_RESERVE_SHARE)
 
     def _headers(self, m: OutboxMessage) -> list[tuple[str, bytes]]:
-        return [(name, str(value).encode()) for name, value in m.envelope().items()]
+        """The record's headers: the relay's envelope, or the CloudEvents Kafka binding's
+        (``ce_`` attributes and ``content-type`` in binary mode; ``content-type`` alone in
+        structured mode, the attributes being in the value)."""
+        ce = self.settings.cloudevents
+        if ce is None:
+            return [(name, str(value).encode()) for name, value in m.envelope().items()]
+        if ce.structured:
+            return [("content-type", STRUCTURED_CONTENT_TYPE.encode())]
+        headers = [(name, value.encode()) for name, value in binary_headers(m, ce.source, "ce_").items()]
+        return [*headers, ("content-type", JSON.encode())]
+
+    def _value(self, m: OutboxMessage) -> bytes:
+        ce = self.settings.cloudevents
+        return structured_body(m, ce.source) if ce is not None and ce.structured else m.body
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:
         until = self._until()
@@ -330,7 +344,10 @@ class KafkaPublisher:
                 for i, m in enumerate(batch):
                     try:
                         futures[i] = await producer.send(
-                            self.settings.topic, value=m.body, key=m.aggregate_id.encode(), headers=self._headers(m)
+                            self.settings.topic,
+                            value=self._value(m),
+                            key=m.aggregate_id.encode(),
+                            headers=self._headers(m),
                         )
                     except Exception as exc:  # refused before sending: a record too large
                         raw[i] = exc

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from relay.cloudevents import CloudEvents
 from relay.contract import DEFAULT_PUBLISH_TIMEOUT, PublishLimits
 from relay.dsn import register_secret
 from relay.errors import ConfigError, shown
@@ -126,6 +127,8 @@ class KafkaSettings:
     sasl_username: str | None = None
     sasl_password: str | None = field(default=None, repr=False)
     ca_file: str | None = None
+    # --envelope cloudevents[-json]: ce_ headers (binary) or a structured value (relay.cloudevents).
+    cloudevents: CloudEvents | None = None
 
     @property
     def where(self) -> str:
@@ -171,4 +174,5 @@ class KafkaSettings:
             sasl_username=username,
             sasl_password=password,
             ca_file=ca_file,
+            cloudevents=limits.cloudevents,
         )

@@ -1,0 +1,170 @@
+"""CloudEvents 1.0 envelopes (--envelope cloudevents / cloudevents-json, relay.cloudevents):
+every event the relay writes is read back with the `cloudevents` SDK's own bindings (HTTP
+and Kafka), never with the relay's code, and carries the row's identity, type, subject,
+time, order and trace context."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cloudevents.core.base import BaseCloudEvent
+from cloudevents.core.bindings import http as ce_http
+from cloudevents.core.bindings import kafka as ce_kafka
+
+from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, structured_body
+from relay.message import OutboxMessage
+from tests.conftest import Db
+from tests.http_receiver import Receiver, http_relay
+from tests.kafka_broker import KafkaService
+from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
+
+SOURCE = "urn:test:orders"
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def message(**over: Any) -> OutboxMessage:
+    fields: dict[str, Any] = {
+        "id": 41,
+        "aggregate_type": "order",
+        "aggregate_id": "order-7 / ü",
+        "event_type": "OrderPaid",
+        "body": b'{"total": "19.90", "items": [1, 2]}',
+        "attempt": 2,
+        "lease_version": 5,
+        "ordered": True,
+        "aggregate_seq": 3,
+        "aggregate_epoch": "1.1.n4",
+        "event_id": "0b5f6c1e-9a44-4f7e-8f0c-2a4a1b7c9d11",
+        "created_at": datetime(2026, 12, 4, 10, 30, 15, 250000, tzinfo=UTC),
+        "headers": {"traceparent": TRACEPARENT, "tenant": "acme", "X-Request-Id": "r-1"},
+    }
+    return OutboxMessage(**{**fields, **over})
+
+
+def check_event(event: BaseCloudEvent, m: OutboxMessage, *, source: str = SOURCE) -> None:
+    """What every event of ``m`` says, as the SDK reads it."""
+    assert (event.get_specversion(), event.get_id(), event.get_source()) == ("1.0", m.event_id, source)
+    assert (event.get_type(), event.get_subject()) == (m.event_type, m.aggregate_id)
+    assert event.get_datacontenttype() == JSON
+    assert event.get_time() == m.created_at
+    assert str(event.get_extension("outboxid")) == str(m.id)
+    assert str(event.get_extension("aggregateseq")) == str(m.aggregate_seq)
+    assert event.get_extension("aggregateepoch") == m.aggregate_epoch
+    assert str(event.get_extension("leaseversion")) == str(m.lease_version)
+    assert event.get_extension("aggregatetype") == m.aggregate_type
+    data = event.get_data()
+    assert (json.loads(data) if isinstance(data, bytes | str) else data) == json.loads(m.body)
+
+
+def test_binary_mode_reads_back_through_the_http_and_kafka_bindings() -> None:
+    m = message()
+    # HTTP: ce- headers (the adapter sends each header value escaped as the binding's SDK reads it).
+    from relay.adapters.header_text import header_value
+
+    headers = {k: header_value(v) for k, v in binary_headers(m, SOURCE, "ce-").items()}
+    headers["content-type"] = JSON
+    event = ce_http.from_http_event(ce_http.HTTPMessage(headers=headers, body=m.body))
+    check_event(event, m)
+    assert event.get_extension("traceparent") == TRACEPARENT and event.get_extension("tenant") == "acme"
+    assert headers["X-Request-Id"] == "r-1"  # not an attribute name: a plain header beside them
+    # Kafka: ce_ headers as bytes.
+    kheaders = {k: v.encode() for k, v in binary_headers(m, SOURCE, "ce_").items()}
+    kheaders["content-type"] = JSON.encode()
+    kevent = ce_kafka.from_kafka_event(ce_kafka.KafkaMessage(headers=kheaders, key=b"order-7", value=m.body))
+    check_event(kevent, m)
+
+
+def test_structured_mode_is_one_json_document_with_the_payload_as_json() -> None:
+    m = message(headers=None, aggregate_seq=None, aggregate_epoch=None, ordered=False)
+    body = structured_body(m, SOURCE)
+    document = json.loads(body)
+    assert document["data"] == json.loads(m.body) and "aggregateseq" not in document
+    event = ce_http.from_http_event(ce_http.HTTPMessage(headers={"content-type": STRUCTURED_CONTENT_TYPE}, body=body))
+    assert (event.get_id(), event.get_type(), event.get_time()) == (m.event_id, "OrderPaid", m.created_at)
+    kevent = ce_kafka.from_kafka_event(
+        ce_kafka.KafkaMessage(headers={"content-type": STRUCTURED_CONTENT_TYPE.encode()}, key=None, value=body)
+    )
+    assert kevent.get_id() == m.event_id and kevent.get_data() == json.loads(m.body)
+
+
+def test_a_producer_header_cannot_pose_as_an_attribute_the_relay_sets() -> None:
+    m = message(headers={"id": "forged", "type": "Forged", "outboxid": "1", "ok": "yes"})
+    headers = binary_headers(m, SOURCE, "ce-")
+    assert headers["ce-id"] == m.event_id and headers["ce-type"] == "OrderPaid" and headers["ce-outboxid"] == "41"
+    assert headers["ce-ok"] == "yes"
+
+
+def test_an_envelope_a_destination_cannot_write_is_refused_in_one_line() -> None:
+    proc = run_relay(
+        "start", "--dsn", "postgresql://relay@127.0.0.1:1/x", "--broker", "rabbitmq", "--envelope", "cloudevents",
+        env=relay_env(),
+    )  # fmt: skip
+    assert_one_line_error(proc, "--envelope cloudevents: --broker rabbitmq does not write CloudEvents yet")
+
+
+@pytest.mark.parametrize("envelope", ["cloudevents", "cloudevents-json"])
+def test_http_receivers_read_each_event_with_the_sdk_in_commit_order(
+    envelope: str, db: Db, relay_dsn: str, receivers: Any, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    receiver: Receiver = receivers()
+    ids = db.insert((f"order-{i % 3}", "OrderPlaced" if i < 3 else "OrderPaid", {"i": i}) for i in range(12))
+    relay = http_relay(
+        db.names, receiver.url, "--envelope", envelope, "--cloudevents-source", SOURCE,
+        env=relay_env(RELAY_DSN=relay_dsn), relays=relays,
+    )  # fmt: skip
+    assert wait_until(lambda: db.settled(len(ids)), timeout=30), relay.tail()
+    rows = {str(r["event_id"]): r for r in db.rows()}
+    seqs: dict[str, list[int]] = {}
+    seen = []
+    for request in receiver.requests():
+        headers = json.loads(request["headers"]) if isinstance(request["headers"], str) else request["headers"]
+        event = ce_http.from_http_event(ce_http.HTTPMessage(headers=headers, body=request["body"].encode()))
+        row = rows[event.get_id()]
+        assert event.get_source() == SOURCE and event.get_type() == row["event_type"]
+        assert event.get_subject() == row["aggregate_id"] and event.get_time() == row["created_at"]
+        assert event.get_data() == row["payload"] or json.loads(event.get_data()) == row["payload"]  # type: ignore[arg-type]
+        assert str(event.get_extension("outboxid")) == str(row["id"])
+        seqs.setdefault(row["aggregate_id"], []).append(int(event.get_extension("aggregateseq")))
+        seen.append(int(row["id"]))
+    assert sorted(seen) == ids  # each event once (every answer was 200)
+    # Written by one connection in id order: each aggregate's events arrive numbered 1, 2, 3, 4.
+    assert all(got == list(range(1, len(got) + 1)) for got in seqs.values()), seqs
+    relay.stop()
+    relay.assert_clean_exit()
+
+
+@pytest.mark.parametrize("envelope", ["cloudevents", "cloudevents-json"])
+def test_kafka_consumers_read_each_record_with_the_sdk(
+    envelope: str, db: Db, relay_dsn: str, kafka: KafkaService, relays: list[RelayProcess]
+) -> None:
+    topic = kafka.create_topic(partitions=2)
+    ids = db.insert((f"order-{i % 4}", "OrderPlaced", {"i": i}) for i in range(12))
+    relay = RelayProcess(
+        "start", "--schema", db.names.schema, "--broker", "kafka", "--bootstrap-servers", kafka.bootstrap,
+        "--topic", topic, "--poll-interval", "100ms", "--envelope", envelope, "--cloudevents-source", SOURCE,
+        env=relay_env(RELAY_DSN=relay_dsn),
+    )  # fmt: skip
+    relays.append(relay)
+    assert wait_until(lambda: db.settled(len(ids)), timeout=30), relay.tail()
+    rows = {str(r["event_id"]): r for r in db.rows()}
+    seen = []
+    for record in kafka.read(topic):
+        headers = {k: v.encode() for k, v in record.headers.items()}
+        event = ce_kafka.from_kafka_event(ce_kafka.KafkaMessage(headers=headers, key=record.key, value=record.value))
+        row = rows[event.get_id()]
+        assert (event.get_type(), event.get_subject(), event.get_source()) == (
+            "OrderPlaced",
+            row["aggregate_id"],
+            SOURCE,
+        )
+        assert record.key == row["aggregate_id"].encode()  # still keyed by aggregate: one partition each
+        data = event.get_data()
+        assert (json.loads(data) if isinstance(data, bytes | str) else data) == row["payload"]
+        seen.append(int(row["id"]))
+    assert sorted(seen) == ids
+    relay.stop()
+    relay.assert_clean_exit()
