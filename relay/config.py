@@ -160,7 +160,7 @@ START_OPTIONS: tuple[Option, ...] = (
         "relay",
         "What consumers read beside the payload: relay (the relay's own headers), cloudevents"
         " (CloudEvents 1.0, binary mode: ce- headers) or cloudevents-json (structured mode: one"
-        " application/cloudevents+json body); CloudEvents on --broker http and kafka.",
+        " application/cloudevents+json body; the only mode on sqs and sns); not on --broker log.",
         choices=ENVELOPES,
     ),
     Option(
@@ -386,7 +386,9 @@ class RelaySettings:
 
 ORDERING_OPTIONS = tuple(o for o in START_OPTIONS if o.section == "ordering")
 # The destinations that write CloudEvents (relay.cloudevents) so far.
-CLOUDEVENTS_BROKERS = frozenset({"http", "kafka"})
+CLOUDEVENTS_BROKERS = frozenset({"http", "kafka", "nats", "rabbitmq", "sns", "sqs"})
+# Structured mode only: a message carries at most 10 message attributes.
+STRUCTURED_ONLY = frozenset({"sns", "sqs"})
 
 
 def cloudevents_from(v: Mapping[str, Any], broker: str, names: OutboxNames) -> CloudEvents | None:
@@ -394,9 +396,14 @@ def cloudevents_from(v: Mapping[str, Any], broker: str, names: OutboxNames) -> C
     envelope = v.get("envelope") or "relay"
     if envelope == "relay":
         return None
+    if broker in STRUCTURED_ONLY and envelope == "cloudevents":
+        raise ConfigError(
+            f"--envelope cloudevents: binary mode puts every attribute in a message attribute, and --broker {broker}"
+            " carries at most 10; use --envelope cloudevents-json (structured: the attributes in the body)"
+        )
     if broker not in CLOUDEVENTS_BROKERS:
         raise ConfigError(
-            f"--envelope {envelope}: --broker {broker} does not write CloudEvents yet"
+            f"--envelope {envelope}: --broker {broker} does not write CloudEvents"
             f" ({', '.join(f'--broker {b}' for b in sorted(CLOUDEVENTS_BROKERS))} do)"
         )
     source = v.get("cloudevents_source") or f"urn:outbox-relay:{names.schema}.{names.table}"

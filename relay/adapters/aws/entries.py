@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from relay.cloudevents import STRUCTURED_CONTENT_TYPE, CloudEvents, plain_headers, structured_body
 from relay.errors import NoRoomForReplayMarker, PermanentError
 from relay.message import RELAY_HEADERS, OutboxMessage
 
@@ -106,7 +107,16 @@ def message_size(body: bytes, attrs: Sequence[tuple[str, str, str]]) -> int:
     return len(body) + sum(len(name) + len(kind) + len(value.encode()) for name, kind, value in attrs)
 
 
-def check(message: OutboxMessage, *, max_bytes: int, service: str, destination: str) -> Checked | PermanentError:
+def cloudevent_attributes(message: OutboxMessage) -> tuple[tuple[str, str, str], ...]:
+    """A structured CloudEvent's message attributes: its content type, and the producer's
+    headers that are no CloudEvents attribute (the others are in the body)."""
+    plain = tuple((name, "String", value) for name, value in plain_headers(message).items() if value != "")
+    return (("content-type", "String", STRUCTURED_CONTENT_TYPE), *plain)
+
+
+def check(
+    message: OutboxMessage, *, max_bytes: int, service: str, destination: str, cloudevents: CloudEvents | None = None
+) -> Checked | PermanentError:
     """``message``'s parts, or the PermanentError that keeps it from being sent at all.
 
     Size and characters are checked here, so a message AWS would refuse whatever happens
@@ -114,7 +124,12 @@ def check(message: OutboxMessage, *, max_bytes: int, service: str, destination: 
     size comes first: a payload too large is refused before it is decoded (a copy of it).
     ``service`` ("SQS") and ``destination`` ("the SQS queue") name them in the errors.
     """
-    attrs = attributes(message)
+    payload = message.body
+    if cloudevents is not None:  # structured (the only mode here): the replay marker is in the body
+        payload = structured_body(message, cloudevents.source)
+        attrs = cloudevent_attributes(message)
+    else:
+        attrs = attributes(message)
     marker = next(((n, k, v) for n, k, v in attrs if n == "replay"), None)
     if len(attrs) > MAX_ATTRIBUTES and marker is not None and len(attrs) - 1 <= MAX_ATTRIBUTES:
         return NoRoomForReplayMarker(
@@ -127,7 +142,7 @@ def check(message: OutboxMessage, *, max_bytes: int, service: str, destination: 
             f"{len(attrs)} message attributes ({extra} from the producer's headers); {service} allows at most"
             f" {MAX_ATTRIBUTES}, so a message carries at most {MAX_ATTRIBUTES - len(attrs) + extra} producer headers"
         )
-    size = message_size(message.body, attrs)
+    size = message_size(payload, attrs)
     if marker is not None and size > max_bytes >= size - message_size(b"", (marker,)):
         return NoRoomForReplayMarker(
             f"message is {size} bytes with its attributes and the replay marker; {destination} takes at most"
@@ -136,7 +151,7 @@ def check(message: OutboxMessage, *, max_bytes: int, service: str, destination: 
     if size > max_bytes:
         return PermanentError(f"message is {size} bytes with its attributes; {destination} takes at most {max_bytes}")
     try:
-        body = message.body.decode()
+        body = payload.decode()
     except UnicodeDecodeError:
         return PermanentError(f"payload is not valid UTF-8; {service} bodies are text")
     for where, text in (("payload", body), *((f"attribute {n}", v) for n, _, v in attrs)):

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+from relay.cloudevents import CloudEvents
 from relay.contract import PublishLimits
 from relay.dsn import describe_url, register_secret
 from relay.errors import ConfigError
@@ -114,6 +115,10 @@ class AwsSettings:
     max_request_bytes: int
     max_entries: int = MAX_BATCH_ENTRIES
     concurrency: int = 16
+    # --envelope cloudevents-json: each message a structured CloudEvent (relay.cloudevents);
+    # binary mode is refused (config.cloudevents_from): its attributes would outgrow the
+    # 10 message attributes a message may carry.
+    cloudevents: CloudEvents | None = None
 
     def worst_call_s(self) -> float:
         """Longest one SDK call can take: every attempt times out, with SDK backoff between.

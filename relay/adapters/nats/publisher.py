@@ -25,6 +25,7 @@ import nats.js.errors
 
 from relay.adapters.header_text import header_value
 from relay.adapters.nats.settings import NatsSettings
+from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, plain_headers, structured_body
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError, PermanentError, RetryableError, first_line
@@ -107,8 +108,23 @@ class NatsPublisher:
                 await self._nc.drain()
             self._nc = None
 
+    def body(self, m: OutboxMessage) -> bytes:
+        """The payload, or (``--envelope cloudevents-json``) the structured CloudEvent."""
+        ce = self.settings.cloudevents
+        return structured_body(m, ce.source) if ce is not None and ce.structured else m.body
+
     def headers(self, m: OutboxMessage) -> dict[str, str]:
-        headers = {name: header_value(value) for name, value in m.envelope().items()}
+        """The relay's envelope as headers, or the CloudEvents attributes as ``ce-`` headers
+        (binary mode, with ``content-type``), or only the content type (structured)."""
+        ce = self.settings.cloudevents
+        if ce is None:
+            headers = {name: header_value(value) for name, value in m.envelope().items()}
+        elif ce.structured:
+            headers = {k: header_value(v) for k, v in plain_headers(m).items()}
+            headers["content-type"] = STRUCTURED_CONTENT_TYPE
+        else:
+            headers = {name: header_value(value) for name, value in binary_headers(m, ce.source, "ce-").items()}
+            headers["content-type"] = JSON
         # The stream drops a message whose id it has seen within its duplicate_window: the
         # event id, and for a replay the run id beside it, so that a replay inside the
         # window is not dropped as the delivery it repeats (as SQS FIFO's dedup id).
@@ -167,11 +183,12 @@ class NatsPublisher:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._acks[reply] = future
         try:
-            await self._nc.publish(subject, m.body, reply=reply, headers=self.headers(m))
+            body = self.body(m)
+            await self._nc.publish(subject, body, reply=reply, headers=self.headers(m))
         except BaseException as exc:
             self._acks.pop(reply, None)
             if isinstance(exc, nats.errors.MaxPayloadError):
-                return PermanentError(f"{len(m.body):,} bytes: more than the NATS server's max_payload")
+                return PermanentError(f"{len(self.body(m)):,} bytes: more than the NATS server's max_payload")
             if isinstance(exc, _UNAVAILABLE):
                 return BrokerUnavailable(f"NATS at {self._where}: {type(exc).__name__}")
             if isinstance(exc, nats.errors.Error):

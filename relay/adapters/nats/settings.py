@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+from relay.cloudevents import CloudEvents
 from relay.contract import PublishLimits
 from relay.dsn import describe_url
 from relay.errors import ConfigError, shown
@@ -136,6 +137,8 @@ class NatsSettings:
     request_timeout: timedelta = timedelta(seconds=16)
     creds_file: str | None = None
     ca_file: str | None = None
+    # --envelope cloudevents[-json]: ce- headers (binary) or a structured body (relay.cloudevents).
+    cloudevents: CloudEvents | None = None
 
     @property
     def where(self) -> str:
@@ -170,4 +173,5 @@ class NatsSettings:
             request_timeout=limits.publish_timeout * REQUEST_SHARE_OF_PUBLISH_TIMEOUT,
             creds_file=values.get("nats_creds_file"),
             ca_file=values.get("nats_ca_file"),
+            cloudevents=limits.cloudevents,
         )

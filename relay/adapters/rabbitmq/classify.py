@@ -113,7 +113,7 @@ def classify(
             f"not sent: an earlier ordered message of aggregate {envelope.source.aggregate_id!r}"
             " in the same batch was not confirmed"
         )
-    size = len(envelope.source.body)
+    size = len(envelope.body)
     if fault.size_limit is not None and size > fault.size_limit:
         return PermanentError(
             f"message body of {size} bytes exceeds the broker's max_message_size of"

@@ -11,6 +11,7 @@ from pamqp import commands as spec
 from pamqp.common import FieldValue
 
 from relay.adapters.rabbitmq.settings import RabbitSettings
+from relay.cloudevents import STRUCTURED_CONTENT_TYPE, CloudEvents, binary_headers, plain_headers, structured_body
 from relay.errors import PermanentError
 from relay.message import OutboxMessage
 
@@ -42,17 +43,20 @@ class Envelope:
     source: OutboxMessage
     properties: spec.Basic.Properties
     routing_key: str
-
-    @property
-    def body(self) -> bytes:
-        return self.source.body
+    body: bytes  # the payload, or with --envelope cloudevents-json the structured CloudEvent
 
 
-def headers_for(m: OutboxMessage) -> dict[str, FieldValue]:
+def headers_for(m: OutboxMessage, cloudevents: CloudEvents | None = None) -> dict[str, FieldValue]:
     """The headers a consumer de-duplicates and orders by, whatever the routing;
-    ``aggregate_seq`` (an integer) on ordered messages only."""
-    headers: dict[str, FieldValue] = dict(m.envelope())
-    return headers
+    ``aggregate_seq`` (an integer) on ordered messages only. With ``cloudevents``: the
+    RabbitMQ binding's ``ce-`` attributes (binary mode), or in structured mode only the
+    producer's headers that are no attribute (the attributes are in the body)."""
+    if cloudevents is None:
+        headers: dict[str, FieldValue] = dict(m.envelope())
+        return headers
+    if cloudevents.structured:
+        return dict(plain_headers(m))
+    return dict(binary_headers(m, cloudevents.source, "ce-"))
 
 
 def build(
@@ -70,14 +74,16 @@ def build(
     ``learned_max_size`` is the broker's limit when a 406 showed it to be lower than
     ``--amqp-max-message-size``; ``timestamp`` (default: now) is shared by a batch.
     """
-    if len(m.body) > settings.max_message_size:
+    ce = settings.cloudevents
+    body = structured_body(m, ce.source) if ce is not None and ce.structured else m.body
+    if len(body) > settings.max_message_size:
         return PermanentError(
-            f"message body of {len(m.body)} bytes exceeds the broker's max message size of"
+            f"message body of {len(body)} bytes exceeds the broker's max message size of"
             f" {settings.max_message_size} bytes (--amqp-max-message-size); not sent"
         )
-    if learned_max_size is not None and len(m.body) > learned_max_size:
+    if learned_max_size is not None and len(body) > learned_max_size:
         return PermanentError(
-            f"message body of {len(m.body)} bytes exceeds the broker's max_message_size of"
+            f"message body of {len(body)} bytes exceeds the broker's max_message_size of"
             f" {learned_max_size} bytes (reported by the broker earlier); not sent"
         )
     routing_key = settings.routing_key.render(m)
@@ -87,10 +93,10 @@ def build(
             f"routing key of {key_bytes} bytes (from template {settings.routing_key.text!r}) exceeds"
             f" AMQP's {MAX_ROUTING_KEY_BYTES}; not sent"
         )
-    headers = headers_for(m)
+    headers = headers_for(m, ce)
     try:
         properties = spec.Basic.Properties(
-            content_type="application/json",
+            content_type=STRUCTURED_CONTENT_TYPE if ce is not None and ce.structured else "application/json",
             delivery_mode=PERSISTENT,
             headers=headers,
             message_id=m.event_id or str(m.id),
@@ -120,7 +126,7 @@ def build(
                 f" {given} bytes among them), more than the connection's frame_max of {frame_max}: one"
                 " content-header frame must hold them all; not sent"
             )
-    return Envelope(m, properties, routing_key)
+    return Envelope(m, properties, routing_key, body)
 
 
 def _surely_encodable(m: OutboxMessage, headers: dict[str, FieldValue], frame_max: int) -> bool:

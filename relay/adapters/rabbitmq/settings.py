@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
+from relay.cloudevents import CloudEvents
 from relay.contract import DEFAULT_PUBLISH_TIMEOUT, PublishLimits
 from relay.dsn import describe_url, url_problem
 from relay.errors import ConfigError
@@ -167,6 +168,8 @@ class RabbitSettings:
     unroutable: Literal["wait", "permanent", "retryable"] = "wait"
     confirm_timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT * CONFIRM_SHARE_OF_PUBLISH_TIMEOUT
     max_message_size: int = RABBITMQ_MAX_MESSAGE_SIZE
+    # --envelope cloudevents[-json]: the RabbitMQ binding's ce- headers, or a structured body.
+    cloudevents: CloudEvents | None = None
 
     def __post_init__(self) -> None:
         # Never quoted, not even masked: a malformed URL is parsed in ways that put pieces
@@ -200,6 +203,7 @@ class RabbitSettings:
             unroutable=values.get("unroutable") or "wait",
             confirm_timeout=confirm,
             max_message_size=int(values.get("amqp_max_message_size") or RABBITMQ_MAX_MESSAGE_SIZE),
+            cloudevents=limits.cloudevents,
         )
 
     @property

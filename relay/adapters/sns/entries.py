@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TypeAlias
 
 from relay.adapters.aws.entries import Entry, check, group_id
+from relay.cloudevents import CloudEvents
 from relay.errors import PermanentError
 from relay.message import OutboxMessage
 
@@ -24,9 +25,12 @@ if TYPE_CHECKING:
 SnsEntry: TypeAlias = "Entry[PublishBatchRequestEntryTypeDef]"
 
 
-def prepare(message: OutboxMessage, *, fifo: bool, max_bytes: int) -> SnsEntry | PermanentError:
-    """The entry for ``message``, or the PermanentError that keeps it from being sent at all."""
-    checked = check(message, max_bytes=max_bytes, service="SNS", destination="the SNS topic")
+def prepare(
+    message: OutboxMessage, *, fifo: bool, max_bytes: int, cloudevents: CloudEvents | None = None
+) -> SnsEntry | PermanentError:
+    """The entry for ``message`` (a structured CloudEvent with ``cloudevents``), or the
+    PermanentError that keeps it from being sent at all."""
+    checked = check(message, max_bytes=max_bytes, service="SNS", destination="the SNS topic", cloudevents=cloudevents)
     if isinstance(checked, PermanentError):
         return checked
     request: PublishBatchRequestEntryTypeDef = {

@@ -50,7 +50,7 @@ class SnsPublisher(AwsPublisher["SNSClient", "PublishBatchRequestEntryTypeDef"])
         )
 
     def prepare(self, message: OutboxMessage) -> SnsEntry | PermanentError:
-        return prepare(message, fifo=self.fifo, max_bytes=self.max_message_bytes)
+        return prepare(message, fifo=self.fifo, max_bytes=self.max_message_bytes, cloudevents=self.settings.cloudevents)
 
     def send_batch(self, client: SNSClient, entries: list[PublishBatchRequestEntryTypeDef]) -> BatchAnswer:
         answer = client.publish_batch(TopicArn=self.topic, PublishBatchRequestEntries=entries)

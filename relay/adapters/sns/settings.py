@@ -100,6 +100,7 @@ class SnsSettings(AwsSettings):
         settings = cls(
             topic_arn=topic_arn,
             concurrency=concurrency_for(limits.workers, limits.batch_size),
+            cloudevents=limits.cloudevents,
             **sdk_values(values, "sns"),
         )
         warn_if_slow(settings, limits, log, "SNS")

@@ -53,7 +53,13 @@ class SqsPublisher(AwsPublisher["SQSClient", "SendMessageBatchRequestEntryTypeDe
         )
 
     def prepare(self, message: OutboxMessage) -> SqsEntry | PermanentError:
-        return prepare(message, fifo=self.fifo, max_bytes=self.max_message_bytes, group=self.group)
+        return prepare(
+            message,
+            fifo=self.fifo,
+            max_bytes=self.max_message_bytes,
+            group=self.group,
+            cloudevents=self.settings.cloudevents,
+        )
 
     def send_batch(self, client: SQSClient, entries: list[SendMessageBatchRequestEntryTypeDef]) -> BatchAnswer:
         answer = client.send_message_batch(QueueUrl=self.settings.queue_url, Entries=entries)

@@ -134,6 +134,7 @@ class SqsSettings(AwsSettings):
             message_group=str(values.get("sqs_message_group") or "none"),
             max_message_bytes=int(values.get("sqs_max_message_size") or SQS_MAX_MESSAGE_BYTES),
             concurrency=concurrency_for(limits.workers, limits.batch_size),
+            cloudevents=limits.cloudevents,
             **fields,
         )
         warn_if_slow(settings, limits, log, "SQS")
