@@ -20,9 +20,11 @@ from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, str
 from relay.message import OutboxMessage
 from tests.aws_destinations import AwsWorld
 from tests.conftest import Db
+from tests.deliveries import store_fleet_ordering
 from tests.http_receiver import Receiver, http_relay
 from tests.kafka_broker import KafkaService
 from tests.nats_server import NatsStream
+from tests.producers import Arrival, order_violations, producers_of_kind
 from tests.rabbitmq_broker import Rabbit
 from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
 from tests.sqs_server import receive_all
@@ -280,3 +282,36 @@ def test_sqs_and_sns_carry_structured_cloudevents_and_refuse_binary_mode(
     assert all(s == list(range(1, len(s) + 1)) for s in seqs.values()), seqs  # FIFO: each group in order
     relay.stop()
     relay.assert_clean_exit()
+
+
+@pytest.mark.parametrize("kind", ["locked", "unlocked"])
+def test_cloudevents_arrive_in_commit_order_from_locking_and_unlocked_producers(
+    kind: str, pg_dsn: str, producer_dsn: str, relay_dsn: str, db: Db, receivers: Any, relays: list[RelayProcess]
+) -> None:
+    store_fleet_ordering(pg_dsn, db.names)
+    receiver: Receiver = receivers()
+    env = relay_env(RELAY_DSN=relay_dsn, RELAY_LOG_LEVEL="warning")
+    for _ in range(2):  # two relays share the outbox through their leases
+        http_relay(db.names, receiver.url, "--envelope", "cloudevents", env=env, relays=relays)
+    log, producing = producers_of_kind(pg_dsn, producer_dsn, db.names, kind, 41, aggregates=6, transactions=15)
+    producing.join()
+    total = len(db.rows())
+    assert wait_until(lambda: db.statuses().get("done", 0) == total, timeout=60), db.statuses()
+    by_event = {str(r["event_id"]): r for r in db.rows()}
+    arrivals, first_seq = [], {}
+    for request in receiver.requests():  # in arrival order
+        headers = json.loads(request["headers"]) if isinstance(request["headers"], str) else request["headers"]
+        event = ce_http.from_http_event(ce_http.HTTPMessage(headers=headers, body=request["body"].encode()))
+        row = by_event[event.get_id()]
+        if row["id"] in first_seq:
+            continue  # a redelivery: consumers drop it by the event id
+        seq = event.get_extension("aggregateseq")
+        first_seq[row["id"]] = None if seq is None else int(seq)
+        arrivals.append(Arrival(int(row["id"]), row["aggregate_id"]))
+    assert set(first_seq) == {r["id"] for r in db.rows()}
+    assert order_violations(log.expected(), arrivals) == []
+    numbered: dict[str, list[int]] = {}
+    for a in arrivals:
+        if first_seq[a.outbox_id] is not None:
+            numbered.setdefault(a.aggregate_id, []).append(first_seq[a.outbox_id])  # type: ignore[arg-type]
+    assert numbered and all(s == list(range(1, len(s) + 1)) for s in numbered.values()), numbered
