@@ -12,6 +12,7 @@ from typing import Any
 
 from relay.adapters.registry import BROKERS
 from relay.backoff import Backoff
+from relay.claimcheck import ClaimCheckSettings
 from relay.cloudevents import ENVELOPES, CloudEvents
 from relay.contract import PublishLimits
 from relay.db.dispatch import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, MIN_BATCH_BYTES
@@ -170,6 +171,34 @@ START_OPTIONS: tuple[Option, ...] = (
         "The CloudEvents source attribute of every event (default urn:outbox-relay:SCHEMA.TABLE).",
         nonempty=True,
     ),
+    Option(
+        "claim_check_bucket",
+        "str",
+        None,
+        "Store payloads over --claim-check-threshold in this S3-compatible bucket and send a"
+        " reference instead (off if unset; needs boto3).",
+        nonempty=True,
+    ),
+    SizeOption(
+        "claim_check_threshold",
+        "str",
+        192 * 1024,
+        "Payloads larger than this go to --claim-check-bucket (192KiB: room for the envelope"
+        " within SQS's and SNS's 256 KiB).",
+        minimum=0,
+        maximum=MAX_BATCH_BYTES,
+    ),
+    Option("claim_check_prefix", "str", "outbox-relay/", "Key prefix of the stored payloads.", nonempty=True),
+    Option(
+        "claim_check_endpoint_url",
+        "str",
+        None,
+        "The object store's endpoint (MinIO, a moto server, another S3-compatible service); AWS S3 if unset.",
+        nonempty=True,
+    ),
+    Option(
+        "claim_check_region", "str", None, "The object store's region (AWS's default chain if unset).", nonempty=True
+    ),
     Option("max_attempts", "int", 12, "Claims a message gets before it goes to dead.", minimum=1, maximum=1000),
     Option(
         "backoff_base",
@@ -322,6 +351,7 @@ class RelaySettings:
     # Lines `relay start` logs once as warnings (deprecated options that were given).
     warnings: tuple[str, ...] = ()
     cloudevents: CloudEvents | None = None  # --envelope cloudevents[-json]
+    claim_check: ClaimCheckSettings | None = None  # --claim-check-bucket
 
     @classmethod
     def from_values(cls, v: Mapping[str, Any], *, broker: str | None = None) -> RelaySettings:
@@ -364,6 +394,7 @@ class RelaySettings:
             names=names,
             broker=broker,
             cloudevents=cloudevents_from(v, broker, names),
+            claim_check=claim_check_from(v),
             workers=v["workers"],
             worker=worker,
             ordering=ordering,
@@ -389,6 +420,20 @@ ORDERING_OPTIONS = tuple(o for o in START_OPTIONS if o.section == "ordering")
 CLOUDEVENTS_BROKERS = frozenset({"http", "kafka", "nats", "rabbitmq", "sns", "sqs"})
 # Structured mode only: a message carries at most 10 message attributes.
 STRUCTURED_ONLY = frozenset({"sns", "sqs"})
+
+
+def claim_check_from(v: Mapping[str, Any]) -> ClaimCheckSettings | None:
+    """--claim-check-* as the store takes them; None without a bucket."""
+    bucket = v.get("claim_check_bucket")
+    if not bucket:
+        return None
+    return ClaimCheckSettings(
+        bucket=str(bucket).strip(),
+        threshold=int(v["claim_check_threshold"]),
+        prefix=v.get("claim_check_prefix") or "outbox-relay/",
+        endpoint_url=v.get("claim_check_endpoint_url"),
+        region=v.get("claim_check_region"),
+    )
 
 
 def cloudevents_from(v: Mapping[str, Any], broker: str, names: OutboxNames) -> CloudEvents | None:

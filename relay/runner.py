@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from psycopg_pool import AsyncConnectionPool
 
 from relay.breaker import CircuitBreaker
+from relay.claimcheck import ClaimCheckStore
 from relay.config import RelaySettings
 from relay.contract import Publisher, ReportsUnroutable, WatchesDestinations
 from relay.db.dispatch import OutboxStore
@@ -384,7 +385,14 @@ async def _run(
         metrics=metrics,
         tracing=tracing,
         arrivals=None if member is None else member.arrivals,
+        claim_check=None if settings.claim_check is None else ClaimCheckStore(settings.claim_check),
     )
+    if shared.claim_check is not None:
+        problem = await shared.claim_check.check()
+        if problem is not None:
+            # Held, not refused: messages over the threshold wait (no attempt spent), the
+            # others flow, and each publish tries the store again.
+            log.error("%s cannot take payloads: %s; larger messages wait", shared.claim_check.where, problem)
     workers = [
         Worker(store=store, publisher=publisher, owner=owner, config=settings.worker, wakeup=event, shared=shared)
         for owner, event in zip(owners, events, strict=True)

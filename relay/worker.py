@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar
 from relay.arrivals import Arrivals
 from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
+from relay.claimcheck import ClaimCheckStore
 from relay.contract import DEFAULT_PUBLISH_TIMEOUT, Outcome, Publisher, publish_within
 from relay.db.dispatch import DEFAULT_BATCH_BYTES, OutboxStore, Reaped
 from relay.db.session import TRANSIENT_DB_ERRORS
@@ -194,6 +195,8 @@ class Shared:
     housekeeping: Housekeeping = field(default_factory=Housekeeping)
     # The process serves several outboxes: workers waking from idle go before draining ones.
     arrivals: Arrivals | None = None
+    # --claim-check-bucket: large payloads are stored there and referenced (relay.claimcheck).
+    claim_check: ClaimCheckStore | None = None
 
 
 class Worker:
@@ -227,6 +230,7 @@ class Worker:
         self.turns = shared.turns
         self.housekeeping = shared.housekeeping
         self.arrivals = shared.arrivals
+        self.claim_check = shared.claim_check
         self.stats = WorkerStats()
         self._batch_size = config.batch_size  # grows while claims come back full
         self._saturated = False  # the last claim came back full
@@ -605,6 +609,8 @@ class Worker:
         """Publish within ``deadline_s`` seconds; one outcome per message, whatever happens."""
         started = time.monotonic()
         try:
+            if self.claim_check is not None:
+                return await self.claim_check.publish(self.publisher, messages, deadline_s)
             return await publish_within(self.publisher, messages, deadline_s)
         finally:
             self.metrics.observe_publish(time.monotonic() - started)

@@ -1,0 +1,173 @@
+"""Claim-check (``--claim-check-bucket``): a payload over ``--claim-check-threshold`` goes
+to S3-compatible object storage, and the message carries a reference to it instead.
+
+The object's key is derived from the event id (``<prefix><event id>``), so a retry, a
+redelivery after a crash or a replay writes the same object again rather than a second
+copy. The message keeps everything else (headers, order, ``aggregate_seq``,
+de-duplication); its body becomes a small JSON reference, and two headers say where the
+payload is and what it hashes to:
+
+* ``dataref``: ``s3://<bucket>/<key>`` (with ``--envelope cloudevents``, the CloudEvents
+  ``dataref`` extension attribute);
+* ``datadigest``: ``sha-256=<base64 of the payload's SHA-256>``, for the consumer to check
+  what it fetched.
+
+The store failing (unreachable, a bucket missing, credentials refused) holds only the
+messages that need it, as a destination of their own that is unavailable: no attempt is
+spent, nothing goes dead, and the other messages flow. Objects are never deleted here:
+they outlive the rows that name them for as long as a replay could need them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from relay.contract import Outcome, Publisher, publish_within
+from relay.errors import ConfigError, DestinationUnavailable, first_line
+from relay.message import OutboxMessage
+
+log = logging.getLogger("relay.claimcheck")
+
+# A message whose payload could not be stored waits this long before it is claimed again.
+STORE_RETRY = timedelta(seconds=5)
+# Uploads at once per publish (each a thread of boto3's blocking client).
+UPLOADS_AT_ONCE = 8
+
+
+@dataclass(frozen=True)
+class ClaimCheckSettings:
+    """Where large payloads go, and from what size."""
+
+    bucket: str
+    threshold: int  # payload bytes; larger ones are stored
+    prefix: str = "outbox-relay/"
+    endpoint_url: str | None = None
+    region: str | None = None
+
+    def key(self, m: OutboxMessage) -> str:
+        return f"{self.prefix}{m.event_id or m.id}"
+
+    def url(self, m: OutboxMessage) -> str:
+        return f"s3://{self.bucket}/{self.key(m)}"
+
+
+def digest(body: bytes) -> str:
+    """The ``datadigest`` of ``body``: ``sha-256=`` and the base64 of its SHA-256."""
+    return "sha-256=" + base64.b64encode(hashlib.sha256(body).digest()).decode()
+
+
+def reference(settings: ClaimCheckSettings, m: OutboxMessage) -> OutboxMessage:
+    """``m`` as it is sent once its payload is stored: a JSON reference as the body, and
+    ``dataref`` and ``datadigest`` among its headers."""
+    ref, sums = settings.url(m), digest(m.body)
+    body = json.dumps({"dataref": ref, "datadigest": sums, "size": len(m.body)}).encode()
+    return replace(m, body=body, headers={**(m.headers or {}), "dataref": ref, "datadigest": sums})
+
+
+class ClaimCheckStore:
+    """The object store of one relay process (boto3's S3 client, its calls in threads)."""
+
+    def __init__(self, settings: ClaimCheckSettings, client: Any | None = None) -> None:
+        self.settings = settings
+        self._client = client
+        self._turns = asyncio.Semaphore(UPLOADS_AT_ONCE)
+        self._failing: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"claim-check bucket s3://{self.settings.bucket}"
+
+    def client(self) -> Any:
+        if self._client is None:
+            try:
+                import boto3
+                from botocore.config import Config
+            except ImportError:
+                raise ConfigError(
+                    "--claim-check-bucket needs boto3, which is not installed: pip install 'outbox-relay[sqs]'"
+                ) from None
+            config = Config(connect_timeout=2, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"})
+            self._client = boto3.session.Session().client(
+                "s3", endpoint_url=self.settings.endpoint_url, region_name=self.settings.region, config=config
+            )
+        return self._client
+
+    async def check(self) -> str | None:
+        """Why the bucket cannot take payloads now (missing, access denied, unreachable), or None."""
+        try:
+            await asyncio.to_thread(self.client().head_bucket, Bucket=self.settings.bucket)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            return _why(exc)
+        return None
+
+    async def publish(self, publisher: Publisher, batch: Sequence[OutboxMessage], deadline_s: float) -> list[Outcome]:
+        """Store the payloads of ``batch`` over the threshold, then publish it through
+        ``publisher`` with references in their place; a message whose payload could not be
+        stored is not published, its outcome saying why (attempt refunded)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + deadline_s
+        large = [i for i, m in enumerate(batch) if len(m.body) > self.settings.threshold]
+        outcomes: list[Outcome] = [None] * len(batch)
+        sent = list(batch)
+        if large:
+            try:
+                async with asyncio.timeout_at(until):
+                    stored = await asyncio.gather(*(self._store(batch[i]) for i in large), return_exceptions=True)
+            except TimeoutError:
+                stored = [TimeoutError("storing the payload took the whole publish deadline")] * len(large)
+            for i, result in zip(large, stored, strict=True):
+                if isinstance(result, BaseException):
+                    outcomes[i] = self._unavailable(result)
+                else:
+                    sent[i] = reference(self.settings, batch[i])
+        going = [i for i in range(len(batch)) if outcomes[i] is None]
+        if going:
+            left = max(until - loop.time(), 0.001)
+            published = await publish_within(publisher, [sent[i] for i in going], left)
+            for i, outcome in zip(going, published, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+    async def _store(self, m: OutboxMessage) -> None:
+        async with self._turns:
+            await asyncio.to_thread(
+                self.client().put_object,
+                Bucket=self.settings.bucket,
+                Key=self.settings.key(m),
+                Body=m.body,
+                ContentType="application/json",
+                Metadata={"datadigest": digest(m.body), "event-type": m.event_type[:256]},
+            )
+        if self._failing is not None:
+            log.info("%s takes payloads again", self.where)
+            self._failing = None
+
+    def _unavailable(self, exc: BaseException) -> DestinationUnavailable:
+        why = _why(exc)
+        if self._failing != why:
+            log.warning("%s refuses payloads; their messages wait (no attempt spent): %s", self.where, why)
+            self._failing = why
+        return DestinationUnavailable(
+            f"the payload could not be stored in {self.where}: {why}", destination=self.where, retry_after=STORE_RETRY
+        )
+
+
+def _why(exc: BaseException) -> str:
+    """One line for a store failure: the S3 error code where there is one."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        error = response.get("Error", {})
+        code, message = error.get("Code"), error.get("Message")
+        if code:
+            return f"{code}: {message}" if message else str(code)
+    return f"{type(exc).__name__}: {first_line(exc)}"
