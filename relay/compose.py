@@ -28,6 +28,7 @@ from relay.config import (
     OTEL_OPTION,
     START_OPTIONS,
     RelaySettings,
+    claim_check_from,
     cloudevents_from,
     names_from,
     require_broker,
@@ -245,6 +246,11 @@ _REPLAY_MEANINGS = {
     "idle_in_transaction_timeout": None,
     "envelope": None,
     "cloudevents_source": None,
+    "claim_check_bucket": None,
+    "claim_check_threshold": None,
+    "claim_check_prefix": None,
+    "claim_check_endpoint_url": None,
+    "claim_check_region": None,
 }
 REPLAY_OPTIONS: tuple[Option, ...] = (
     *CORE_OPTIONS,
@@ -299,6 +305,7 @@ def compose_replay(
         max_attempts=v["max_attempts"],
         backoff=Backoff(base=v["backoff_base"], cap=v["backoff_cap"]),
         rate=rate,
+        claim_check=claim_check_from(v),
     )
     publish = PublishLimits(
         limits.publish_timeout,

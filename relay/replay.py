@@ -34,6 +34,7 @@ from typing import Any
 import psycopg
 
 from relay.backoff import Backoff
+from relay.claimcheck import ClaimCheckSettings, ClaimCheckStore
 from relay.contract import Outcome, Publisher, publish_within
 from relay.db.dispatch import Unreadable
 from relay.db.replay import PlanRow, PlanSummary, ReplayPlan
@@ -162,6 +163,9 @@ class ReplayLimits:
     max_attempts: int = 12
     backoff: Backoff = field(default_factory=lambda: Backoff(base=timedelta(seconds=1), cap=timedelta(minutes=5)))
     rate: float | None = None  # messages per second at most; None: as fast as the broker confirms
+    # --claim-check-bucket: large payloads sent as references, as the live relay sends them
+    # (the same objects: keyed by the event id).
+    claim_check: ClaimCheckSettings | None = None
 
 
 @dataclass
@@ -255,6 +259,7 @@ class Replayer:
         self.publisher = publisher
         self.run_id = run_id
         self.limits = limits
+        self.claim_check = None if limits.claim_check is None else ClaimCheckStore(limits.claim_check)
         self.progress = progress or (lambda report: None)
         # Spans as the live relay makes them (relay start --otel), marked as this replay's.
         self.tracing = tracing
@@ -388,7 +393,11 @@ class Replayer:
                 messages = [item.message for item in batch]
                 sent, spans = self.tracing.begin_publish(messages, attributes={"outbox.replay": self.run_id})
                 try:
-                    outcomes = await publish_within(self.publisher, sent, self.limits.publish_timeout.total_seconds())
+                    timeout = self.limits.publish_timeout.total_seconds()
+                    if self.claim_check is not None:
+                        outcomes = await self.claim_check.publish(self.publisher, sent, timeout)
+                    else:
+                        outcomes = await publish_within(self.publisher, sent, timeout)
                 except BaseException as exc:  # cancelled
                     spans.end([exc] * len(sent))
                     raise

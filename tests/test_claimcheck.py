@@ -16,7 +16,7 @@ import boto3
 import pytest
 
 from tests.conftest import Db
-from tests.relay_process import RelayProcess, relay_env, wait_until
+from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
 from tests.sqs_server import Received, receive_all
 
 THRESHOLD = 1024
@@ -77,6 +77,21 @@ def test_payloads_across_the_threshold_reach_the_consumer_whole(
     assert got == {i: rows[i]["payload"] for i in ids}
     relay.stop()
     relay.assert_clean_exit()
+    # A replay sends the same references: the objects the live delivery stored, no new ones.
+    stored = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
+    replayed = run_relay(
+        "replay", "--dsn", relay_dsn, "--schema", db.names.schema, "--broker", "sqs", "--queue-url", queue,
+        "--endpoint-url", moto_endpoint, "--region", "us-east-1", "--claim-check-bucket", bucket,
+        "--claim-check-endpoint-url", moto_endpoint, "--claim-check-threshold", str(THRESHOLD),
+        "--from-id", str(ids[0]), "--run-id", "rebuild-1", env=relay_env(),
+    )  # fmt: skip
+    assert replayed.returncode == 0, replayed.stderr
+    again = [r for r in receive_all(sqs_client, queue, idle_s=1.0) if r.attributes.get("replay") == "rebuild-1"]
+    assert sorted(r.outbox_id for r in again) == ids
+    assert {json.loads(fetch(s3, r)) == rows[r.outbox_id]["payload"] for r in again if "dataref" in r.attributes} == {
+        True
+    }
+    assert {o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])} == stored
 
 
 def test_a_store_that_cannot_take_payloads_holds_only_their_messages_unspent(
