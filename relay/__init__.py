@@ -23,6 +23,7 @@ The public API, and the only names with a promise (everything else is private):
 from typing import TYPE_CHECKING, Any
 
 from relay._transactions import NotInTransaction
+from relay.claimcheck import PayloadFetcher
 from relay.consumers import Consumer, Verdict, WebhookRejected, received_from_webhook
 from relay.contract import (
     ChecksDestinations,
@@ -108,6 +109,7 @@ __all__ = [
     "Outbox",
     "OutboxMessage",
     "Outcome",
+    "PayloadFetcher",
     "PermanentError",
     "PublishLimits",
     "Publisher",

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import logging
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from relay.contract import Outcome, Publisher, publish_within
@@ -171,3 +174,50 @@ def _why(exc: BaseException) -> str:
         if code:
             return f"{code}: {message}" if message else str(code)
     return f"{type(exc).__name__}: {first_line(exc)}"
+
+
+# The consumer's side: what relay.Consumer fetches a claim-checked payload with.
+
+# Bytes read from the store at a time: a payload of any size passes in this much memory.
+FETCH_CHUNK = 1024 * 1024
+
+
+class PayloadFetcher:
+    """Fetches claim-checked payloads for a consumer (relay.Consumer ``claim_check=``): the
+    object ``dataref`` names, streamed into a temporary file in ``directory`` while its
+    SHA-256 is computed, and refused unless that matches ``datadigest``.
+
+    :param client: a boto3 S3 client (``boto3.client("s3", endpoint_url=...)``); its calls
+        run in threads.
+    """
+
+    def __init__(self, client: Any, directory: str | None = None) -> None:
+        self.client = client
+        self.directory = directory
+
+    async def fetch(self, dataref: str, datadigest: str) -> Path:
+        """The payload's file (the caller removes it). ``ValueError`` for a reference the
+        relay did not write or a digest that does not match (the object was changed)."""
+        return await asyncio.to_thread(self._fetch, dataref, datadigest)
+
+    def _fetch(self, dataref: str, datadigest: str) -> Path:
+        if not dataref.startswith("s3://") or "/" not in dataref[5:]:
+            raise ValueError(f"dataref {dataref[:200]!r} is not an s3:// reference")
+        if not datadigest.startswith("sha-256="):
+            raise ValueError("datadigest is not a sha-256 digest")
+        bucket, key = dataref[5:].split("/", 1)
+        body = self.client.get_object(Bucket=bucket, Key=key)["Body"]
+        sha = hashlib.sha256()
+        handle = tempfile.NamedTemporaryFile(prefix="relay-payload-", dir=self.directory, delete=False)  # noqa: SIM115
+        path = Path(handle.name)
+        try:
+            with handle, contextlib.closing(body):
+                while chunk := body.read(FETCH_CHUNK):
+                    sha.update(chunk)
+                    handle.write(chunk)
+            if "sha-256=" + base64.b64encode(sha.digest()).decode() != datadigest:
+                raise ValueError(f"the payload at {dataref} does not match its datadigest: it was changed")
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return path

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import threading
 import uuid
@@ -47,7 +48,8 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import psycopg
 
@@ -90,10 +92,28 @@ class Received:
     replay: str | None = None
     # The producer's own headers (and trace context), everything the relay did not add.
     headers: Mapping[str, str] = field(default_factory=dict)
+    # A claim-checked event's payload, fetched and checked by relay.Consumer into a file of
+    # its own (``body`` is then the reference); None when the body is the payload.
+    payload_path: Path | None = field(default=None, compare=False)
 
     def payload(self) -> Any:
-        """The body decoded from JSON."""
+        """The payload decoded from JSON (fetched, for a claim-checked event)."""
+        if self.payload_path is not None:
+            with self.payload_path.open("rb") as fh:
+                return json.load(fh)
         return json.loads(self.body)
+
+    def open_payload(self) -> BinaryIO:
+        """The payload as a binary file, read as a stream: a claim-checked event's from the
+        file it was fetched into (of any size, in bounded memory), another's from its body."""
+        if self.payload_path is not None:
+            return self.payload_path.open("rb")
+        return io.BytesIO(self.body)
+
+    @property
+    def claim_checked(self) -> bool:
+        """The message carries a reference to its payload (``dataref``), not the payload."""
+        return "dataref" in self.headers
 
 
 class ConnectionShared(ConfigError):

@@ -6,18 +6,26 @@ with no attempt spent."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import boto3
+import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
+from relay import Consumer, Inbox, Received, received_from_sqs
+from relay.claimcheck import PayloadFetcher
+from relay.consumers.verdict import Verdict
 from tests.conftest import Db
 from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
-from tests.sqs_server import Received, receive_all
+from tests.sqs_server import Received as SqsReceived
+from tests.sqs_server import receive_all
 
 THRESHOLD = 1024
 
@@ -27,7 +35,7 @@ def s3(moto_endpoint: str) -> Any:
     return boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
 
 
-def fetch(s3: Any, received: Received) -> bytes:
+def fetch(s3: Any, received: SqsReceived) -> bytes:
     """What a consumer does with a claim-checked message: fetch the object the reference
     names and check it against the digest the message carries."""
     reference = json.loads(received.body)
@@ -114,3 +122,70 @@ def test_a_store_that_cannot_take_payloads_holds_only_their_messages_unspent(
     assert json.loads(fetch(s3, received)) == {"blob": "y" * 5000}
     relay.stop()
     relay.assert_clean_exit()
+
+
+async def test_the_consumer_fetches_checks_and_streams_each_payload(
+    db: Db,
+    relay_dsn: str,
+    make_queue: Any,
+    sqs_client: Any,
+    s3: Any,
+    moto_endpoint: str,
+    scratch_dsn: str,
+    relays: list[RelayProcess],
+) -> None:
+    bucket = f"claims-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=bucket)
+    queue = make_queue(fifo=True)
+    payloads = [{"n": 1}, {"blob": "z" * 40_000}, {"blob": "w" * 2_000_000}]
+    ids = db.insert((f"doc-{i}", "DocumentStored", p) for i, p in enumerate(payloads))
+    relays.append(RelayProcess(*relay_args(db, relay_dsn, queue, moto_endpoint, bucket), env=relay_env()))
+    assert wait_until(lambda: db.settled(len(ids)), timeout=60), relays[-1].tail()
+    with psycopg.connect(scratch_dsn) as conn:
+        Inbox().migrate(conn)
+        conn.execute("CREATE TABLE documents (event_id uuid PRIMARY KEY, bytes bigint, sha256 text, streamed int)")
+    fetched_into: list[Path] = []
+
+    async def store(conn: psycopg.AsyncConnection[Any], event: Received) -> None:
+        # The documented way to read a payload of any size: a stream, chunk by chunk.
+        sha, size, reads = hashlib.sha256(), 0, 0
+        with event.open_payload() as fh:
+            while chunk := fh.read(256 * 1024):
+                sha.update(chunk)
+                size, reads = size + len(chunk), reads + 1
+        if event.payload_path is not None:
+            fetched_into.append(event.payload_path)
+        await conn.execute(
+            "INSERT INTO documents VALUES (%s, %s, %s, %s)", (event.event_id, size, sha.hexdigest(), reads)
+        )
+
+    async with AsyncConnectionPool(scratch_dsn, min_size=1, max_size=4, open=False) as pool:
+        consumer = Consumer(pool, Inbox(), store, claim_check=PayloadFetcher(s3))
+        for received in await asyncio.to_thread(receive_all, sqs_client, queue, idle_s=1.0):
+            message = {
+                "MessageId": "m",
+                "Body": received.body,
+                "MessageAttributes": {
+                    k: {"DataType": received.data_types.get(k, "String"), "StringValue": v}
+                    for k, v in received.attributes.items()
+                },
+            }
+            assert await consumer.apply(received_from_sqs(message)) == Verdict.APPLIED
+    rows = {str(r["event_id"]): r for r in db.rows()}
+    with psycopg.connect(scratch_dsn) as conn:
+        got = {str(e): (n, h, reads) for e, n, h, reads in conn.execute("SELECT * FROM documents").fetchall()}
+    for event_id, (size, sha, reads) in got.items():
+        # The bytes the producer's JSON has as PostgreSQL renders it (one key: as json.dumps does).
+        text = json.dumps(rows[event_id]["payload"]).encode()
+        assert (size, sha) == (len(text), hashlib.sha256(text).hexdigest()), event_id
+        assert reads >= 1
+    assert len(got) == len(ids) and len(fetched_into) == 2  # the two over the threshold came from the store
+    assert max(r for _, _, r in got.values()) >= 8  # the 2 MB payload streamed in 256 KiB reads
+    assert not any(p.exists() for p in fetched_into)  # each fetched file removed after its transaction
+    # A changed object is refused, not applied: its digest no longer matches.
+    [big] = [r for r in db.rows() if r["id"] == ids[1]]
+    s3.put_object(Bucket=bucket, Key=f"outbox-relay/{big['event_id']}", Body=b'{"blob": "tampered"}')
+    original = json.dumps(big["payload"]).encode()
+    digest = "sha-256=" + base64.b64encode(hashlib.sha256(original).digest()).decode()
+    with pytest.raises(ValueError, match="does not match its datadigest"):
+        await PayloadFetcher(s3).fetch(f"s3://{bucket}/outbox-relay/{big['event_id']}", digest)

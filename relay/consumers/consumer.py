@@ -11,11 +11,13 @@ many transactions run at once; a message that finds no free connection waits for
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from relay.claimcheck import PayloadFetcher
 from relay.consumers.verdict import Verdict
 from relay.consumers.webhook import WEBHOOK_TOLERANCE
 from relay.durations import parse_duration
@@ -61,6 +63,11 @@ class Consumer:
         delivery-limit, SQS's maxReceiveCount, JetStream's max_deliver).
     :param retry_delay: how long an event that came too early (or whose handler failed) is
         held before it is offered again (a ``timedelta``, seconds, or ``"500ms"``).
+    :param claim_check: a :class:`relay.claimcheck.PayloadFetcher`: a claim-checked event's
+        payload (relay start --claim-check-bucket) is fetched before its transaction,
+        checked against its digest, and handed to the handler as ``event.payload()`` and
+        ``event.open_payload()`` (a file, read in bounded memory); removed afterwards. A
+        payload that cannot be fetched or does not match is offered again later.
     """
 
     def __init__(
@@ -70,8 +77,10 @@ class Consumer:
         handler: Handler,
         *,
         retry_delay: timedelta | float | str = RETRY_DELAY,
+        claim_check: PayloadFetcher | None = None,
     ) -> None:
         self.pool = pool
+        self.claim_check = claim_check
         self.inbox = inbox
         self.handler = handler
         # At most SQS's longest visibility timeout (12 h), which run_sqs holds a message with.
@@ -82,6 +91,13 @@ class Consumer:
         its own; what the runners call per message, and what a receiver of another kind
         calls (acknowledge on APPLIED and DUPLICATE, after this returns). What the handler
         or the database raises propagates, nothing recorded."""
+        if self.claim_check is not None and event.claim_checked and event.payload_path is None:
+            # Fetched before the transaction: a large download holds no connection or lock.
+            path = await self.claim_check.fetch(event.headers["dataref"], event.headers.get("datadigest", ""))
+            try:
+                return await self.apply(dataclasses.replace(event, payload_path=path))
+            finally:
+                path.unlink(missing_ok=True)
         async with self.pool.connection() as conn:
             try:
                 async with conn.transaction():
