@@ -183,8 +183,8 @@ START_OPTIONS: tuple[Option, ...] = (
         "claim_check_threshold",
         "str",
         192 * 1024,
-        "Payloads larger than this go to --claim-check-bucket (192KiB: room for the envelope"
-        " within SQS's and SNS's 256 KiB).",
+        "Payloads larger than this go to --claim-check-bucket (192 KiB by default: room for the"
+        " envelope within SQS's and SNS's 256 KiB).",
         minimum=0,
         maximum=MAX_BATCH_BYTES,
     ),

@@ -41,7 +41,7 @@ class RelayOptions(TypedDict, total=False):
     claim_check_prefix: str
     # The object store's region (AWS's default chain if unset).
     claim_check_region: str
-    # Payloads larger than this go to --claim-check-bucket (192KiB: room for the envelope within SQS's ...
+    # Payloads larger than this go to --claim-check-bucket (192 KiB by default: room for the envelope w...
     claim_check_threshold: int | str
     # The CloudEvents source attribute of every event (default urn:outbox-relay:SCHEMA.TABLE).
     cloudevents_source: str
@@ -214,6 +214,16 @@ class ReplayOptions(TypedDict, total=False):
     bootstrap_servers: str
     # Where to deliver: a broker, an HTTP API (http), or log (JSON lines on stdout).
     broker: str
+    # Store payloads over --claim-check-threshold in this S3-compatible bucket and send a reference ins...
+    claim_check_bucket: str
+    # The object store's endpoint (MinIO, a moto server, another S3-compatible service); AWS S3 if unset.
+    claim_check_endpoint_url: str
+    # Key prefix of the stored payloads.
+    claim_check_prefix: str
+    # The object store's region (AWS's default chain if unset).
+    claim_check_region: str
+    # Payloads larger than this go to --claim-check-bucket (192 KiB by default: room for the envelope w...
+    claim_check_threshold: int | str
     # The CloudEvents source attribute of every event (default urn:outbox-relay:SCHEMA.TABLE).
     cloudevents_source: str
     # Declare the exchange (durable, of --exchange-type) at start. By default the relay changes no brok...
