@@ -10,6 +10,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import random
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from relay import Consumer, Inbox, Received, received_from_sqs
 from relay.claimcheck import PayloadFetcher
 from relay.consumers.verdict import Verdict
 from tests.conftest import Db
-from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until
+from tests.rabbitmq_broker import TcpProxy
+from tests.relay_process import RelayProcess, kill_relays_while, relay_env, run_relay, wait_until, wait_until_async
 from tests.sqs_server import Received as SqsReceived
 from tests.sqs_server import receive_all
 
@@ -189,3 +191,83 @@ async def test_the_consumer_fetches_checks_and_streams_each_payload(
     digest = "sha-256=" + base64.b64encode(hashlib.sha256(original).digest()).decode()
     with pytest.raises(ValueError, match="does not match its datadigest"):
         await PayloadFetcher(s3).fetch(f"s3://{bucket}/outbox-relay/{big['event_id']}", digest)
+
+
+@pytest.mark.parametrize(
+    "missing_s", [pytest.param(4, id="4s"), pytest.param(20, id="20s", marks=pytest.mark.extended)]
+)
+async def test_the_store_gone_mid_run_holds_its_messages_unspent_then_all_flow(
+    missing_s: int,
+    db: Db,
+    relay_dsn: str,
+    make_queue: Any,
+    sqs_client: Any,
+    s3: Any,
+    moto_endpoint: str,
+    relays: list[RelayProcess],
+) -> None:
+    bucket = f"claims-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=bucket)
+    queue = make_queue(fifo=False)
+    host, port = moto_endpoint.removeprefix("http://").split(":")
+    proxy = TcpProxy(host, int(port))
+    await proxy.start()
+    store = f"http://127.0.0.1:{proxy.port}"
+    args = relay_args(db, relay_dsn, queue, moto_endpoint, bucket)
+    args[args.index("--claim-check-endpoint-url") + 1] = store
+    relays.append(RelayProcess(*args, env=relay_env()))
+    first = db.insert((f"doc-{i}", "DocumentStored", {"blob": "a" * 2000, "i": i}) for i in range(5))
+    assert await wait_until_async(lambda: db.settled(len(first)), timeout=30), relays[-1].tail()
+    await proxy.cut()  # the object store is gone: its connections reset, new ones refused
+    large = db.insert((f"doc-{i}", "DocumentStored", {"blob": "b" * 2000, "i": i}) for i in range(5, 15))
+    small = db.insert((f"note-{i}", "NoteAdded", {"i": i}) for i in range(5))
+    assert await wait_until_async(lambda: all(db.row(i)["status"] == "done" for i in small), timeout=30)
+    await asyncio.sleep(missing_s)
+    held = [r for r in await asyncio.to_thread(db.at_rest) if r["id"] in large]
+    assert {(r["status"], r["attempts"]) for r in held} == {("pending", 0)}, held
+    await proxy.restore()
+    assert await wait_until_async(lambda: db.settled(len(first) + len(large) + len(small)), timeout=60)
+    rows = {r["id"]: r for r in db.rows()}
+    assert {r["status"] for r in rows.values()} == {"done"} and {r["attempts"] for r in rows.values()} == {1}
+    got = {r.outbox_id: r for r in await asyncio.to_thread(receive_all, sqs_client, queue, idle_s=1.0)}
+    assert set(got) == set(rows)
+    for i in [*first, *large]:
+        assert json.loads(await asyncio.to_thread(fetch, s3, got[i])) == rows[i]["payload"]
+    await proxy.cut()
+
+
+async def test_killed_relays_leave_no_object_without_its_row_and_lose_nothing(
+    db: Db,
+    relay_dsn: str,
+    make_queue: Any,
+    sqs_client: Any,
+    s3: Any,
+    moto_endpoint: str,
+    relays: list[RelayProcess],
+) -> None:
+    bucket = f"claims-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=bucket)
+    queue = make_queue(fifo=False)
+    ids = db.insert((f"doc-{i % 7}", "DocumentStored", {"blob": "c" * 3000, "i": i}) for i in range(60))
+
+    def start() -> None:
+        args = relay_args(db, relay_dsn, queue, moto_endpoint, bucket)
+        relays.append(
+            RelayProcess(*args, "--lease", "2s", "--publish-timeout", "1s", "--batch-size", "5", env=relay_env())
+        )
+
+    start()
+    start()
+    kills = await asyncio.to_thread(
+        kill_relays_while, lambda: not db.settled(len(ids)), relays, start, random.Random(42), at_least=2
+    )
+    assert await wait_until_async(lambda: db.settled(len(ids)), timeout=60), relays[-1].tail()
+    rows = {r["id"]: r for r in db.rows()}
+    assert {r["status"] for r in rows.values()} == {"done"} and kills >= 2
+    got = await asyncio.to_thread(receive_all, sqs_client, queue, idle_s=1.0)
+    assert {r.outbox_id for r in got} == set(ids)  # duplicates allowed: consumers de-duplicate by event id
+    for r in got:
+        assert json.loads(await asyncio.to_thread(fetch, s3, r)) == rows[r.outbox_id]["payload"]
+    # One object per event, each named by the event id of a row that exists: no orphan, no copy.
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
+    assert keys == {f"outbox-relay/{r['event_id']}" for r in rows.values()}
