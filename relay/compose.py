@@ -219,7 +219,8 @@ def _shared_publishers(
 
 def _destination_key(settings: RelaySettings, values: Mapping[str, Any]) -> tuple[Any, ...]:
     """What makes two outboxes' publishers the same: the broker, its options and routes,
-    and the limits a publisher is built with (but the workers, which add up)."""
+    and the limits a publisher is built with (but the workers, which add up), the
+    CloudEvents envelope among them (its source names the outbox by default)."""
     broker = tuple((o.dest, repr(values.get(o.dest))) for o in BROKER_OPTIONS)
     return (
         settings.broker,
@@ -227,6 +228,7 @@ def _destination_key(settings: RelaySettings, values: Mapping[str, Any]) -> tupl
         repr(values.get("route")),
         settings.worker.publish_timeout,
         settings.worker.batch_size,
+        settings.cloudevents,
     )
 
 

@@ -151,3 +151,16 @@ def test_the_documented_config_composes_as_the_page_says(tmp_path: Path) -> None
     assert by["billing"].publisher is by["shipping"].publisher is not by["tenant-42"].publisher
     assert len(fleet.publishers) == 2 and fleet.operations.metrics_port == 9100
     assert "2 database pools, 2 broker connections" in page
+
+
+def test_outboxes_that_write_different_cloudevents_do_not_share_a_publisher(tmp_path: Path) -> None:
+    http = 'broker = "http"\ndsn = "postgresql://relay@db/app"\nenvelope = "cloudevents"\n[http]\nurl = "https://h.example/e"\n'
+    fleet = compose_outboxes({}, config=write(tmp_path, http + entry("a") + entry("b")))
+    assert fleet is not None
+    a, b = (o.parts for o in fleet.outboxes)
+    # Each event's source names its own outbox by default: one publisher each.
+    assert a.settings.cloudevents != b.settings.cloudevents and a.publisher is not b.publisher
+    shared = compose_outboxes(
+        {"cloudevents_source": "urn:shop"}, config=write(tmp_path, http + entry("a") + entry("b"))
+    )
+    assert shared is not None and len(shared.publishers) == 1
