@@ -27,6 +27,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 RELAY = str(Path(sys.executable).with_name("relay"))
 
@@ -257,3 +258,14 @@ async def wait_until_async(check: Callable[[], bool], timeout: float = 10.0, int
             return True
         await asyncio.sleep(interval)
     return check()
+
+
+def popen_with_ctrl_c(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen`` with SIGINT at its default in the child, as in a terminal: a test
+    run started in the background of a shell inherits SIGINT ignored, and so would the
+    child (which would then keep running on Ctrl-C, as nohup'd programs rightly do)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # handled here: default after exec
+    try:
+        return subprocess.Popen(args, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import re
+import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,7 +38,15 @@ from tests.deliveries import check_deliveries as check_queue
 from tests.helpers import free_port, http_get
 from tests.producers import merged, producers_both_ways
 from tests.rabbitmq_broker import Rabbit
-from tests.relay_process import RelayProcess, relay_env, run_relay, wait_until, wait_until_async
+from tests.relay_process import (
+    RELAY,
+    RelayProcess,
+    popen_with_ctrl_c,
+    relay_env,
+    run_relay,
+    wait_until,
+    wait_until_async,
+)
 
 
 @dataclass
@@ -416,3 +427,48 @@ async def test_one_listening_connection_wakes_each_outbox_of_a_database(
         [(sessions,)] = outboxes[0].db.conn.execute(listening, (ours,)).fetchall()
     assert sessions == 1
     assert len(publisher.delivered) == 4
+
+
+def test_status_shows_every_listed_outbox_and_says_which_cannot_be_read(
+    make_outbox: Callable[[str, str], Outbox], pg_dsn: str, tmp_path: Path
+) -> None:
+    a, b = make_outbox("a", pg_dsn), make_outbox("b", pg_dsn)
+    a.db.insert([("x", "OrderPlaced", {}), ("y", "OrderPlaced", {})])
+    config = fleet_config(tmp_path / "relay.toml", [a, b], "")
+    shown = run_relay("status", "--config", config, "--json", env=relay_env())
+    assert shown.returncode == 0, shown.stderr
+    parts = json.loads(shown.stdout)["outboxes"]
+    assert [p["outbox"] for p in parts] == ["a", "b"]
+    assert [p["summary"]["pending_ordered"] + p["summary"]["pending_unordered"] for p in parts] == [2, 0]
+    text = run_relay("status", "--config", config, env=relay_env())
+    assert text.returncode == 0 and "== outbox a" in text.stdout and "== outbox b" in text.stdout
+    assert a.names.qualified in text.stdout and b.names.qualified in text.stdout
+    # One outbox's table gone: the others are shown, it says why, and the command fails.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(b.names.schema)))
+    broken = run_relay("status", "--config", config, env=relay_env())
+    assert broken.returncode == 1, broken.stderr
+    assert "== outbox a" in broken.stdout and "== outbox b\nerror: " in broken.stdout, broken.stdout
+    assert "Traceback" not in broken.stderr
+
+
+def test_status_watch_of_several_outboxes_prints_a_frame_of_all_of_them(
+    make_outbox: Callable[[str, str], Outbox], pg_dsn: str, tmp_path: Path
+) -> None:
+    a, b = make_outbox("a", pg_dsn), make_outbox("b", pg_dsn)
+    b.db.insert([("x", "OrderPlaced", {})])
+    config = fleet_config(tmp_path / "relay.toml", [a, b], "")
+    proc = popen_with_ctrl_c(
+        [RELAY, "status", "--config", config, "--watch", "--interval", "200ms", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=relay_env(),
+    )
+    assert proc.stdout is not None
+    frames = [json.loads(proc.stdout.readline()) for _ in range(2)]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    for frame in frames:
+        assert [(p["outbox"], p["summary"]["pending"]) for p in frame["outboxes"]] == [("a", 0), ("b", 1)]

@@ -30,7 +30,7 @@ from relay.ordering import OrderingMap
 from tests.conftest import Db
 from tests.helpers import record_listeners
 from tests.ops_helpers import Scene, build_scene, claim_until, ingest, relay_json, target
-from tests.relay_process import RELAY, assert_one_line_error, relay_env, run_relay
+from tests.relay_process import RELAY, assert_one_line_error, popen_with_ctrl_c, relay_env, run_relay
 
 MakeStore = Callable[..., Awaitable[OutboxStore]]
 EMAIL_UNORDERED = OrderingMap(default_ordered=True, unordered=("Email*",))
@@ -101,17 +101,6 @@ async def test_status_cli_text_json_and_event_types(scene: Scene, db: Db, relay_
     assert "done (est.)" in proc.stdout and "estimate from table statistics" in proc.stdout
     assert "blocked aggregates        1" in proc.stdout
     assert "EVENT TYPE" not in proc.stdout  # the breakdown only on request
-
-
-def popen_with_ctrl_c(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
-    """``subprocess.Popen`` with SIGINT at its default in the child, as in a terminal: a test
-    run started in the background of a shell inherits SIGINT ignored, and so would the
-    child (which would then keep running on Ctrl-C, as nohup'd programs rightly do)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # handled here: default after exec
-    try:
-        return subprocess.Popen(args, **kwargs)
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def test_status_watch_redraws_in_place_until_ctrl_c(relay_dsn: str, names: OutboxNames) -> None:
