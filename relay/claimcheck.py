@@ -62,15 +62,20 @@ class ClaimCheckSettings:
         return f"s3://{self.bucket}/{self.key(m)}"
 
 
+def digest_text(sha256: bytes) -> str:
+    """A ``datadigest``: ``sha-256=`` and the base64 of the SHA-256 ``sha256``."""
+    return "sha-256=" + base64.b64encode(sha256).decode()
+
+
 def digest(body: bytes) -> str:
-    """The ``datadigest`` of ``body``: ``sha-256=`` and the base64 of its SHA-256."""
-    return "sha-256=" + base64.b64encode(hashlib.sha256(body).digest()).decode()
+    """The ``datadigest`` of ``body``."""
+    return digest_text(hashlib.sha256(body).digest())
 
 
-def reference(settings: ClaimCheckSettings, m: OutboxMessage) -> OutboxMessage:
-    """``m`` as it is sent once its payload is stored: a JSON reference as the body, and
-    ``dataref`` and ``datadigest`` among its headers."""
-    ref, sums = settings.url(m), digest(m.body)
+def reference(settings: ClaimCheckSettings, m: OutboxMessage, sums: str) -> OutboxMessage:
+    """``m`` as it is sent once its payload is stored (its ``datadigest`` ``sums``): a JSON
+    reference as the body, and ``dataref`` and ``datadigest`` among its headers."""
+    ref = settings.url(m)
     body = json.dumps({"dataref": ref, "datadigest": sums, "size": len(m.body)}).encode()
     return replace(m, body=body, headers={**(m.headers or {}), "dataref": ref, "datadigest": sums})
 
@@ -132,7 +137,7 @@ class ClaimCheckStore:
                 if isinstance(result, BaseException):
                     outcomes[i] = self._unavailable(result)
                 else:
-                    sent[i] = reference(self.settings, batch[i])
+                    sent[i] = reference(self.settings, batch[i], result)
         going = [i for i in range(len(batch)) if outcomes[i] is None]
         if going:
             left = max(until - loop.time(), 0.001)
@@ -141,7 +146,9 @@ class ClaimCheckStore:
                 outcomes[i] = outcome
         return outcomes
 
-    async def _store(self, m: OutboxMessage) -> None:
+    async def _store(self, m: OutboxMessage) -> str:
+        """Store ``m``'s payload; its ``datadigest`` (hashed once: a payload may be 100 MB)."""
+        sums = digest(m.body)
         async with self._turns:
             await asyncio.to_thread(
                 self.client().put_object,
@@ -149,11 +156,12 @@ class ClaimCheckStore:
                 Key=self.settings.key(m),
                 Body=m.body,
                 ContentType="application/json",
-                Metadata={"datadigest": digest(m.body), "event-type": m.event_type[:256]},
+                Metadata={"datadigest": sums, "event-type": m.event_type[:256]},
             )
         if self._failing is not None:
             log.info("%s takes payloads again", self.where)
             self._failing = None
+        return sums
 
     def _unavailable(self, exc: BaseException) -> DestinationUnavailable:
         why = _why(exc)
@@ -215,7 +223,7 @@ class PayloadFetcher:
                 while chunk := body.read(FETCH_CHUNK):
                     sha.update(chunk)
                     handle.write(chunk)
-            if "sha-256=" + base64.b64encode(sha.digest()).decode() != datadigest:
+            if digest_text(sha.digest()) != datadigest:
                 raise ValueError(f"the payload at {dataref} does not match its datadigest: it was changed")
         except BaseException:
             path.unlink(missing_ok=True)

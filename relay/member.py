@@ -11,7 +11,6 @@ and how to check it then, so that ``/readyz`` can answer for every outbox.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,20 +38,17 @@ class Member:
     check: ReadyCheck | None = None
     # Why the outbox does not deliver now (its last start failed, or it is starting).
     held: str | None = "starting"
-    since: float = field(default_factory=time.monotonic)
     # The publisher's destination changes, fanned out to each outbox that shares it.
     on_destination: list[Callable[[str, bool], None]] = field(default_factory=list)
 
     def delivering(self, check: ReadyCheck) -> None:
         """The run's workers start; ``check`` tells whether its database and broker answer."""
-        self.check, self.held, self.since = check, None, time.monotonic()
+        self.check, self.held = check, None
         if self.metrics is not None:
             self.metrics.set_held(False)
 
     def hold(self, reason: str) -> None:
         """The outbox does not deliver now, for ``reason`` (one line, masked)."""
-        if self.held != reason:
-            self.since = time.monotonic()
         self.check, self.held = None, reason
         if self.metrics is not None:
             self.metrics.set_held(True)
