@@ -103,3 +103,11 @@ def structured_body(m: OutboxMessage, source: str) -> bytes:
     # The payload is the row's JSON text already: spliced in, not parsed and dumped again.
     head = json.dumps(attrs, ensure_ascii=False, separators=(",", ":"))
     return head[:-1].encode() + b',"data":' + (m.body or b"null") + b"}"
+
+
+def body_for(m: OutboxMessage, cloudevents: CloudEvents | None) -> bytes:
+    """What carries ``m`` on the wire: the payload, or in structured mode the CloudEvent
+    around it (binary mode and the relay's envelope send the payload as it is)."""
+    if cloudevents is not None and cloudevents.structured:
+        return structured_body(m, cloudevents.source)
+    return m.body

@@ -418,6 +418,12 @@ class Worker:
             if done.decisions:
                 self._leave()
 
+    async def _give_way(self) -> None:
+        """Before a step of a draining worker (its last claim came back full): an outbox of
+        the process that woke with work goes first (relay.arrivals)."""
+        if self.arrivals is not None and self._saturated:
+            await self.arrivals.give_way()
+
     def _leave(self) -> None:
         if self.arrivals is not None:
             self.arrivals.leave(self.owner)
@@ -445,8 +451,7 @@ class Worker:
         budget, a larger message alone if this worker gets the process's oversize turn.
         Rows that cannot become messages go to dead at once. Returns the batch and how many
         rows were leased, unreadable ones included."""
-        if self.arrivals is not None and self._saturated:
-            await self.arrivals.give_way()  # draining: an outbox that woke with work goes first
+        await self._give_way()
         started = time.monotonic()
         housekeeping = self.housekeeping.due(started, busy=self._saturated and not self._ingest_behind)
         batch_size = min(limit or self._batch_size, self._batch_size)
@@ -513,8 +518,7 @@ class Worker:
 
     async def _publish_batch(self, batch: Batch) -> list[Decision]:
         """Publish ``batch`` and decide each message's outcome; the breaker hears the verdict."""
-        if self.arrivals is not None and self._saturated:
-            await self.arrivals.give_way()
+        await self._give_way()
         messages = batch.messages
         timeout = self._deadline(batch)
         if timeout is None:
@@ -619,8 +623,7 @@ class Worker:
         """Write the decisions; if the database is unreachable, keep trying for as long as
         the lease lasts (fencing makes a late write safe). Past that the rows return to
         'pending' through their expired leases, and the messages are sent again."""
-        if self.arrivals is not None and self._saturated:
-            await self.arrivals.give_way()
+        await self._give_way()
         give_up = time.monotonic() + self.config.lease.total_seconds()
         failures = 0
         while True:

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from relay.cloudevents import STRUCTURED_CONTENT_TYPE, CloudEvents, plain_headers, structured_body
+from relay.cloudevents import STRUCTURED_CONTENT_TYPE, CloudEvents, body_for, plain_headers
 from relay.errors import NoRoomForReplayMarker, PermanentError
 from relay.message import RELAY_HEADERS, OutboxMessage
 
@@ -124,12 +124,10 @@ def check(
     size comes first: a payload too large is refused before it is decoded (a copy of it).
     ``service`` ("SQS") and ``destination`` ("the SQS queue") name them in the errors.
     """
-    payload = message.body
-    if cloudevents is not None:  # structured (the only mode here): the replay marker is in the body
-        payload = structured_body(message, cloudevents.source)
-        attrs = cloudevent_attributes(message)
-    else:
-        attrs = attributes(message)
+    # Structured CloudEvents (the only mode here) carry their attributes, the replay marker
+    # among them, in the body.
+    payload = body_for(message, cloudevents)
+    attrs = attributes(message) if cloudevents is None else cloudevent_attributes(message)
     marker = next(((n, k, v) for n, k, v in attrs if n == "replay"), None)
     if len(attrs) > MAX_ATTRIBUTES and marker is not None and len(attrs) - 1 <= MAX_ATTRIBUTES:
         return NoRoomForReplayMarker(

@@ -21,7 +21,7 @@ from relay.adapters.http.deferrals import Deferrals
 from relay.adapters.http.redirects import MAX_REDIRECTS, Redirect, next_hop, too_many
 from relay.adapters.http.settings import PRODUCER_REFUSED_HEADERS, RESERVED_HEADERS, HttpSettings
 from relay.adapters.http.signing import signature
-from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, structured_body
+from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, body_for
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome, each_message, publish_deadline
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError, NotSent, PermanentError, RetryableError, first_line
@@ -172,8 +172,7 @@ class HttpPublisher:
     def body(self, m: OutboxMessage) -> bytes:
         """What a request carries: the payload, or (``--envelope cloudevents-json``) the
         structured CloudEvent around it."""
-        ce = self.settings.cloudevents
-        return structured_body(m, ce.source) if ce is not None and ce.structured else m.body
+        return body_for(m, self.settings.cloudevents)
 
     def headers(self, m: OutboxMessage, now: int, body: bytes | None = None) -> dict[str, str]:
         """A request's headers: the producer's (trace context among them; never credentials,

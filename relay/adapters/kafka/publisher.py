@@ -39,7 +39,7 @@ from relay.adapters.kafka.settings import KafkaSettings
 from relay.adapters.kafka.topic import PartitionWatch, TopicLook, look
 from relay.adapters.outage import OutageLog
 from relay.adapters.quiet_logs import QuietLines
-from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, structured_body
+from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, body_for
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome, publish_deadline
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError, NotSent, PermanentError, RetryableError, first_line
@@ -277,8 +277,7 @@ class KafkaPublisher:
         return [*headers, ("content-type", JSON.encode())]
 
     def _value(self, m: OutboxMessage) -> bytes:
-        ce = self.settings.cloudevents
-        return structured_body(m, ce.source) if ce is not None and ce.structured else m.body
+        return body_for(m, self.settings.cloudevents)
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> Sequence[Outcome]:
         until = self._until()

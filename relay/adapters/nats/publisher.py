@@ -25,7 +25,7 @@ import nats.js.errors
 
 from relay.adapters.header_text import header_value
 from relay.adapters.nats.settings import NatsSettings
-from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, plain_headers, structured_body
+from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, body_for, plain_headers
 from relay.contract import CHECK_TIMEOUT_S, DestinationCheck, DestinationState, Outcome
 from relay.dsn import mask
 from relay.errors import BrokerUnavailable, ConfigError, PermanentError, RetryableError, first_line
@@ -110,8 +110,7 @@ class NatsPublisher:
 
     def body(self, m: OutboxMessage) -> bytes:
         """The payload, or (``--envelope cloudevents-json``) the structured CloudEvent."""
-        ce = self.settings.cloudevents
-        return structured_body(m, ce.source) if ce is not None and ce.structured else m.body
+        return body_for(m, self.settings.cloudevents)
 
     def headers(self, m: OutboxMessage) -> dict[str, str]:
         """The relay's envelope as headers, or the CloudEvents attributes as ``ce-`` headers

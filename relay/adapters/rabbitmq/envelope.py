@@ -11,7 +11,7 @@ from pamqp import commands as spec
 from pamqp.common import FieldValue
 
 from relay.adapters.rabbitmq.settings import RabbitSettings
-from relay.cloudevents import STRUCTURED_CONTENT_TYPE, CloudEvents, binary_headers, plain_headers, structured_body
+from relay.cloudevents import STRUCTURED_CONTENT_TYPE, CloudEvents, binary_headers, body_for, plain_headers
 from relay.errors import PermanentError
 from relay.message import OutboxMessage
 
@@ -75,7 +75,7 @@ def build(
     ``--amqp-max-message-size``; ``timestamp`` (default: now) is shared by a batch.
     """
     ce = settings.cloudevents
-    body = structured_body(m, ce.source) if ce is not None and ce.structured else m.body
+    body = body_for(m, ce)
     if len(body) > settings.max_message_size:
         return PermanentError(
             f"message body of {len(body)} bytes exceeds the broker's max message size of"
