@@ -30,7 +30,7 @@ from relay.db.session import check_schema, connect
 from relay.dsn import mask
 from relay.errors import ConfigError, DatabaseUnavailable, first_line, shown
 from relay.options import Option, SizeOption, check_file_keys, load_file, resolve, unknown_variables
-from relay.outboxes import chosen_file
+from relay.outboxes import chosen_file, listed
 from relay.sizes import format_size
 from relay.wiring import ALL_OPTIONS, BROKER_OPTIONS, VARIABLES, publisher_for
 
@@ -157,13 +157,33 @@ def settings_for(options: Sequence[Option], cli_values: dict[str, Any]) -> dict[
     """``options``' values, each from its flag (in ``cli_values``, a command's keyword
     arguments), variable, the ``--config`` file or its default, keyed by dest."""
     path = cli_values.pop("config_path", None)
-    # click names a flag's value after the flag (`port` for `relay console --port`); the
-    # engine knows the option by its dest (console_port).
-    cli = {o.dest: cli_values[o.param] for o in options if o.param in cli_values}
+    cli = _flag_values(options, cli_values)
     file = chosen_file(load_file(path), chosen_outbox(cli), path, command=command_name())
     if path:
         check_file_keys(file, ALL_OPTIONS, path)
     return resolve(options, cli, file)
+
+
+def settings_of_each(options: Sequence[Option], cli_values: dict[str, Any]) -> list[tuple[str, dict[str, Any]]] | None:
+    """For a command that can act on every outbox a config file lists (relay status, relay
+    console): each outbox's name and ``options``' values as that outbox reads them (flags
+    and variables over its entry over the file's top level), in the file's order; None when
+    the file lists none or ``--outbox`` picks one (then :func:`settings_for` applies)."""
+    path = cli_values.get("config_path")
+    if chosen_outbox(cli_values) is not None:
+        return None
+    entries = listed(load_file(path), None, path)
+    if not entries:
+        return None
+    cli_values.pop("config_path", None)
+    cli = _flag_values(options, cli_values)
+    return [(e.name, resolve(options, cli, e.file)) for e in entries]
+
+
+def _flag_values(options: Sequence[Option], cli_values: Mapping[str, Any]) -> dict[str, Any]:
+    # click names a flag's value after the flag (`port` for `relay console --port`); the
+    # engine knows the option by its dest (console_port).
+    return {o.dest: cli_values[o.param] for o in options if o.param in cli_values}
 
 
 def chosen_outbox(cli: Mapping[str, Any]) -> str | None:

@@ -10,12 +10,10 @@ from typing import Any
 
 import click
 
-from relay.cli.common import OPS_OPTIONS, check_text, chosen_outbox, ops_target, run, settings_for, with_options
+from relay.cli.common import OPS_OPTIONS, check_text, ops_target, run, settings_for, settings_of_each, with_options
 from relay.dsn import describe_dsn
 from relay.errors import ConfigError
 from relay.operator_options import CONSOLE_OPTIONS, CONSOLE_TOKEN
-from relay.options import load_file, resolve
-from relay.outboxes import listed
 
 INSTALL_HINT = "pip install 'outbox-relay[console]'"
 TOKEN_ENV = CONSOLE_TOKEN.env  # RELAY_CONSOLE_TOKEN
@@ -27,19 +25,12 @@ CONSOLE_ALL = (*OPS_OPTIONS, *CONSOLE_OPTIONS)
 def console_cmd(**cli_values: Any) -> None:
     """A web page for operators: status, dead messages by error, blocked aggregates, one
     aggregate or message; with --allow-actions, retry and skip as `relay dead` does."""
-    config_path = cli_values.get("config_path")
-    entries = listed(load_file(config_path), None, config_path) if chosen_outbox(cli_values) is None else []
+    # Every outbox a config file lists: the console's own options are the file's top level
+    # (and the flags); each outbox's database and table are its entry's.
+    listed_outboxes = settings_of_each(CONSOLE_ALL, cli_values)
     each: list[tuple[str | None, dict[str, Any]]]
-    if entries:
-        # Every outbox the file lists: the console's own options are the file's top level
-        # (and the flags); each outbox's database and table are its entry's.
-        cli_values.pop("config_path", None)
-        cli = {o.dest: cli_values[o.param] for o in CONSOLE_ALL if o.param in cli_values}
-        each = [(e.name, resolve(CONSOLE_ALL, cli, e.file)) for e in entries]
-        values = each[0][1]
-    else:
-        values = settings_for(CONSOLE_ALL, cli_values)
-        each = [(None, values)]
+    each = list(listed_outboxes) if listed_outboxes else [(None, settings_for(CONSOLE_ALL, cli_values))]
+    values = each[0][1]
     by: str | None = values["console_by"]
     allow_hosts: tuple[str, ...] = values["console_allow_hosts"]
     check_text(by, "--by")
@@ -77,7 +68,7 @@ def console_cmd(**cli_values: Any) -> None:
         outboxes.append((config, dsn))
     window, every = values["console_history"], values["console_sample_interval"]
     options = ServeOptions(outboxes[0][1], host, values["console_port"], tuple(parsed), window, every)
-    if entries:
+    if listed_outboxes:
         run(lambda: serve_outboxes(outboxes, options))
     else:
         run(lambda: serve(outboxes[0][0], options))

@@ -24,12 +24,12 @@ from relay.cli.common import (
     BROKER_OPTIONS,
     OPS_OPTIONS,
     check_text,
-    chosen_outbox,
     configure_logging,
     masked_first_line,
     ops_target,
     run,
     settings_for,
+    settings_of_each,
     with_conn,
     with_options,
 )
@@ -48,7 +48,6 @@ from relay.ops.release import parse_ids, release
 from relay.ops.render import jsonable, render_explanation, render_prune, render_release, render_status, to_json
 from relay.ops.status import read_status
 from relay.options import load_file, resolve
-from relay.outboxes import OutboxEntry, listed
 from relay.retention import SkipBlocking, prune
 from relay.routes import ROUTES_OPTION, destination_namer
 
@@ -68,9 +67,9 @@ def status_cmd(**cli_values: Any) -> None:
     """Is the relay keeping up? Counts, oldest waiting message, expired leases, attempts,
     blocked ordered aggregates (reads only unfinished rows; done is an estimate)."""
     config_path = cli_values.get("config_path")
-    entries = listed(load_file(config_path), None, config_path)
-    if entries and chosen_outbox(cli_values) is None:
-        _status_of_each(entries, cli_values)
+    each = settings_of_each(STATUS_ALL, cli_values)
+    if each is not None:
+        _status_of_each(each, config_path)
         return
     values = settings_for(STATUS_ALL, cli_values)
     by_event_type: bool = values["status_by_event_type"]
@@ -91,13 +90,10 @@ def status_cmd(**cli_values: Any) -> None:
         run(lambda: _watch(dsn, names, frame, period, as_json))
 
 
-def _status_of_each(entries: list[OutboxEntry], cli_values: dict[str, Any]) -> None:
+def _status_of_each(chosen: list[tuple[str, dict[str, Any]]], path: str | None) -> None:
     """`relay status` with a config file listing several outboxes and no --outbox: each
     outbox's status under its name, in the file's order; one that cannot be read says why
     (and the command exits 1 once all are shown)."""
-    path = cli_values.pop("config_path", None)
-    cli = {o.dest: cli_values[o.param] for o in STATUS_ALL if o.param in cli_values}
-    chosen = [(e, resolve(STATUS_ALL, cli, e.file)) for e in entries]
     first = chosen[0][1]
     configure_logging(first)
     if first["status_by_event_type"]:
@@ -105,7 +101,7 @@ def _status_of_each(entries: list[OutboxEntry], cli_values: dict[str, Any]) -> N
     as_json: bool = first["json"]
 
     async def each() -> tuple[str, bool]:
-        found = await asyncio.gather(*(_one_status(e.name, values, as_json) for e, values in chosen))
+        found = await asyncio.gather(*(_one_status(name, values, as_json) for name, values in chosen))
         if as_json:
             return json.dumps({"outboxes": [part for part, _ in found]}), all(ok for _, ok in found)
         return "\n\n".join(str(part) for part, _ in found), all(ok for _, ok in found)
