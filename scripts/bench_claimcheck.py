@@ -37,17 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from relay.db.names import OutboxNames
 from relay.db.statements import schema_sql
 from scripts.bench_sqs import EmbeddedSqs
+from scripts.procstat import rss_mb
 
 RELAY = str(Path(sys.executable).with_name("relay"))
 DEFAULT_DSN = os.environ.get("RELAY_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class Peak:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from relay.db.names import OutboxNames
 from relay.db.statements import schema_sql
-from scripts.procstat import process_cpu
+from scripts.procstat import process_cpu, rss_mb
 
 RELAY = str(Path(sys.executable).with_name("relay"))
 DEFAULT_DSN = os.environ.get("RELAY_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -243,13 +243,6 @@ def connections(dsn: str, pid_hint: str) -> int:
         ).fetchone()
         assert row is not None
         return int(row[0])
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def idle_figures(dsn: str, outboxes: list[OutboxNames], work: Path, seconds: float) -> dict[str, float]:

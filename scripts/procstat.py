@@ -18,6 +18,18 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
 
+def rss_mb(pid: int) -> float:
+    """The resident memory of one process in MiB (VmRSS); 0 when it cannot be read."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0.0
+    for line in lines:
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def pids_named(*names: str) -> list[int]:
     """Every process whose command name (``comm``) is one of ``names``: postgres, beam.smp."""
     out = []
