@@ -163,7 +163,7 @@ SELECT r.lo, count(*) AS heads
  GROUP BY r.lo;
 
 -- partition_rows --
--- What keeps the partition [lo, hi) of the outbox, by the history rule of relay prune (relay.retention): unfinished rows (pending, processing; dead unless include_dead lets an unordered one created before the cutoff go; a dead ordered row always blocks its aggregate), and done rows finished after the cutoff; each counted with its first and last id. One scan of that partition alone (pruned by its bounds).
+-- What keeps one partition of the outbox, by the history rule of relay prune (relay.retention): unfinished rows (pending, processing; dead unless include_dead lets an unordered one created before the cutoff go; a dead ordered row always blocks its aggregate), and done rows finished after the cutoff; each counted with its first and last id. The partition is ids [lo_id, hi_id) and created_at [lo_at, hi_at): one pair its bounds, the other unbounded (the smallest and largest bigint, -infinity and infinity), so that one scan of that partition alone reads it whichever way the outbox is partitioned.
 SELECT count(*) AS rows,
        count(*) FILTER (WHERE status = 'done') AS done,
        count(*) FILTER (WHERE status = 'dead') AS dead,
@@ -181,28 +181,8 @@ SELECT count(*) AS rows,
        max(id) FILTER (WHERE status = 'done' AND done_at >= %(cutoff)s) AS recent_to,
        coalesce(bool_or(created_at >= %(cutoff)s), false) AS newer
   FROM {outbox}
- WHERE id >= %(lo)s AND id < %(hi)s;
-
--- partition_rows_time --
--- The same for the partition by created_at [lo, hi): one scan of that partition alone.
-SELECT count(*) AS rows,
-       count(*) FILTER (WHERE status = 'done') AS done,
-       count(*) FILTER (WHERE status = 'dead') AS dead,
-       count(*) FILTER (WHERE status = 'pending') AS pending,
-       min(id) FILTER (WHERE status = 'pending') AS pending_from,
-       max(id) FILTER (WHERE status = 'pending') AS pending_to,
-       count(*) FILTER (WHERE status = 'processing') AS processing,
-       min(id) FILTER (WHERE status = 'processing') AS processing_from,
-       max(id) FILTER (WHERE status = 'processing') AS processing_to,
-       count(*) FILTER (WHERE status = 'dead' AND (ordered OR NOT %(include_dead)s OR created_at >= %(cutoff)s)) AS blocking,
-       min(id) FILTER (WHERE status = 'dead' AND (ordered OR NOT %(include_dead)s OR created_at >= %(cutoff)s)) AS blocking_from,
-       max(id) FILTER (WHERE status = 'dead' AND (ordered OR NOT %(include_dead)s OR created_at >= %(cutoff)s)) AS blocking_to,
-       count(*) FILTER (WHERE status = 'done' AND done_at >= %(cutoff)s) AS recent,
-       min(id) FILTER (WHERE status = 'done' AND done_at >= %(cutoff)s) AS recent_from,
-       max(id) FILTER (WHERE status = 'done' AND done_at >= %(cutoff)s) AS recent_to,
-       coalesce(bool_or(created_at >= %(cutoff)s), false) AS newer
-  FROM {outbox}
- WHERE created_at >= %(lo)s AND created_at < %(hi)s;
+ WHERE id >= %(lo_id)s::bigint AND id < %(hi_id)s::bigint
+   AND created_at >= %(lo_at)s::timestamptz AND created_at < %(hi_at)s::timestamptz;
 
 -- partition_prune_turn --
 -- One relay prune at a time drops partitions of an outbox (a session lock, released when it is done): two would detach the same partition.

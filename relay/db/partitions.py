@@ -264,6 +264,19 @@ async def _grant_again(conn: Conn, names: OutboxNames, g: Row) -> None:
 Bound = int | datetime
 
 
+# The bounds partition_rows leaves open: every id, every time.
+_ANY_ID = (-(2**63), 2**63 - 1)
+_ANY_TIME = ("-infinity", "infinity")
+
+
+def _row_bounds(lo: Bound, hi: Bound, by_time: bool) -> dict[str, Any]:
+    """partition_rows' parameters for the partition [lo, hi): its key's bounds, the other
+    key's left open."""
+    if by_time:
+        return {"lo_id": _ANY_ID[0], "hi_id": _ANY_ID[1], "lo_at": lo, "hi_at": hi}
+    return {"lo_id": lo, "hi_id": hi, "lo_at": _ANY_TIME[0], "hi_at": _ANY_TIME[1]}
+
+
 def bounds_text(lo: Bound, hi: Bound) -> str:
     """A partition's bounds for people: ``ids 20..39`` or ``created 2026-12-04 00:00..2026-12-05 00:00 UTC``."""
     if isinstance(lo, datetime) and isinstance(hi, datetime):
@@ -397,8 +410,7 @@ async def _drop_finished(
         if newer_from is not None:
             kept.append(KeptPartition(p["name"], p["lo"], p["hi"], "newer than the cutoff"))
             continue
-        rows = "partition_rows_time" if by_time else "partition_rows"
-        r = await fetch_one(conn, names, rows, {**params, "lo": p["lo"], "hi": p["hi"]})
+        r = await fetch_one(conn, names, "partition_rows", {**params, **_row_bounds(p["lo"], p["hi"], by_time)})
         why = _why_kept(r)
         if heads.get(p["lo"]):
             n = heads[p["lo"]]
