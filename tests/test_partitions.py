@@ -28,7 +28,14 @@ from relay.retention import prune
 from tests.commit_order_helpers import RelayInThread, assert_commit_order, relay_settings
 from tests.conftest import Db
 from tests.ops_helpers import relay_json, target
-from tests.producers import CommitLog, LockedProducers, create_producer_tables, first_deliveries, order_violations
+from tests.producers import (
+    CommitLog,
+    LockedProducers,
+    create_producer_tables,
+    first_deliveries,
+    order_violations,
+    produce_unlocked,
+)
 from tests.relay_process import RelayProcess, run_relay, wait_until
 
 SIZE = 20
@@ -283,13 +290,36 @@ async def test_prune_as_a_role_that_does_not_own_the_outbox_drops_nothing_and_sa
 # ---- the relay and the operator commands, unchanged
 
 
-@pytest.mark.parametrize("commit_order", ["stamp", "id"])
+# --commit-order id is for producers that lock (docs/concepts/ordering.md): unlocked ones
+# only under the commit stamp. With them, and prune's cutoff at 0 (shorter than their
+# transactions), a partition detached while such a transaction commits into it hides the
+# row from the ingest until it is attached again, and the ingest consumes its commit stamp
+# meanwhile: the row is never numbered (a known fault, docs/partitioning.md). Kept here,
+# expected to fail, out of make test (it waits out its timeout).
+@pytest.mark.parametrize(
+    ("commit_order", "kind"),
+    [
+        ("stamp", "locked"),
+        pytest.param(
+            "stamp",
+            "unlocked",
+            marks=[
+                pytest.mark.extended,
+                pytest.mark.xfail(strict=True, reason="a drop racing an unlocked commit loses its numbering"),
+            ],
+        ),
+        ("id", "locked"),
+    ],
+    ids=["stamp-locked", "stamp-unlocked", "id-locked"],
+)
 async def test_relays_deliver_in_commit_order_while_prune_drops_partitions(
-    pg_dsn: str, relay_dsn: str, producer_dsn: str, names: OutboxNames, commit_order: str
+    pg_dsn: str, relay_dsn: str, producer_dsn: str, names: OutboxNames, commit_order: str, kind: str
 ) -> None:
-    """Locked producers (the oracle: what each read under its aggregate's lock) write ordered
-    and unordered events across dozens of partitions; the relay (3 workers) delivers them,
-    and a prune every 0.2 s drops the partitions that finished meanwhile."""
+    """Producers that lock their aggregates (the oracle: what each read under its lock) or
+    that do not (one thread commits their transactions in an order of its choosing: the
+    oracle) write ordered and unordered events across dozens of partitions; the relay (3
+    workers) delivers them, and a prune every 0.1 s drops the partitions that finished
+    meanwhile."""
     if commit_order == "id":
         from tests.helpers import set_commit_order
 
@@ -318,7 +348,12 @@ async def test_relays_deliver_in_commit_order_while_prune_drops_partitions(
     pruner = threading.Thread(target=pruning)
     pruner.start()
     try:
-        await relay.run_while(lambda: producers.run(30), log.ids)
+        if kind == "locked":
+            await relay.run_while(lambda: producers.run(30), log.ids)
+        else:
+            await relay.run_while(
+                lambda: produce_unlocked(producer_dsn, names, aggregates, log, rounds=30, seed=7), log.ids
+            )
     finally:
         stop.set()
         pruner.join()
