@@ -32,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 os.environ["OUTBOX_RELAY_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 
 from relay.db.dispatch import OutboxStore
-from relay.db.grants import Grantee, grant
+from relay.db.grants import GRANTS_LOCK, Grantee, grant
 from relay.db.names import OutboxNames
 from relay.db.settings import store_ordering
 from relay.db.statements import schema_sql
@@ -130,9 +130,18 @@ def roles(pg_dsn: str) -> Iterator[Roles]:
                 sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE").format(sql.Identifier(role))
             )
     yield Roles(producer, relay, dsn_as(pg_dsn, producer), dsn_as(pg_dsn, relay))
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for role in (producer, relay):
-            # What is left is the database privilege (TEMPORARY): every schema was dropped.
+    drop_roles(pg_dsn, producer, relay)
+
+
+def drop_roles(pg_dsn: str, *roles: str) -> None:
+    """Drop ``roles`` and whatever they still own or were granted.
+
+    Revoking a database privilege (TEMPORARY) rewrites the database's catalog row, as
+    another xdist worker's grant() may at the same moment, and PostgreSQL fails one of
+    the two with "tuple concurrently updated": this takes grant()'s lock first."""
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (GRANTS_LOCK,))
+        for role in roles:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 

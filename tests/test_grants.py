@@ -20,7 +20,7 @@ from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.db.settings import store_ordering
 from relay.ordering import OrderingMap
-from tests.conftest import Db, dsn_as
+from tests.conftest import Db, drop_roles, dsn_as
 from tests.helpers import record_listeners
 from tests.relay_process import RelayProcess, assert_one_line_error, relay_env, run_relay, wait_until
 
@@ -45,10 +45,7 @@ def other_roles(pg_dsn: str) -> Iterator[tuple[str, str]]:
         for role in made:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
     yield made
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for role in made:
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    drop_roles(pg_dsn, *made)
 
 
 # ---- producers

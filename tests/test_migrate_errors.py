@@ -12,6 +12,7 @@ import pytest
 from psycopg import conninfo, sql
 
 from relay.db.names import OutboxNames
+from tests.conftest import drop_roles
 from tests.helpers import create_outbox_at
 from tests.relay_process import assert_one_line_error, run_relay
 
@@ -37,9 +38,7 @@ def role(pg_dsn: str) -> Iterator[str]:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
     yield name
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    drop_roles(pg_dsn, name)
 
 
 def as_role(pg_dsn: str, role: str) -> str:
