@@ -17,6 +17,12 @@
     --partition-interval 1h``, 10 hourly partitions: 8 past ones made as an earlier
     keep_ahead would have, holding the done rows, now's with the pending rows, and one ahead)
     against a plain outbox holding the same rows.
+(e) ``--only drop-pause``: how long ordered numbering pauses while `relay prune` drops a
+    partition (the ingest's turn is held from before the detach until the drop or the
+    attach: relay.db.partitions), 10 finished partitions of 1,000 rows dropped while a
+    producer commits one ordered row every 5 ms; then again with one producer transaction
+    kept open for 2 s over the prune (the detach waits for every transaction using the
+    outbox, so numbering pauses that long).
 
 Rows are loaded with INSERT ... SELECT generate_series, the outbox's triggers off
 (session_replication_role = replica: a superuser's DSN), into a scratch schema dropped at
@@ -46,6 +52,7 @@ from psycopg_pool import AsyncConnectionPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from relay.db import partitions
 from relay.db.dispatch import OutboxStore
 from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
@@ -63,7 +70,7 @@ SELECT 'order', 'agg-' || (g %% %(aggregates)s), 'OrderPlaced',
        now() - interval '3 days' + g * interval '1 millisecond', 'done',
        now() - interval '2 days' + g * interval '1 millisecond',
        g %% 2 = 0, CASE WHEN g %% 2 = 0 THEN g / 2 END, 100, '1'
-  FROM generate_series(%(first)s, %(last)s) AS g
+  FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
 """
 
 
@@ -322,6 +329,66 @@ async def lookups(dsn: str, schema: str, rows: int, samples: int) -> list[tuple[
     return out
 
 
+def insert_one(names: OutboxNames) -> sql.Composed:
+    return sql.SQL(
+        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)"
+        " VALUES ('order', 'p', 'OrderPlaced', '{{}}')"
+    ).format(sql.Identifier(names.schema, names.table))
+
+
+async def produce(dsn: str, names: OutboxNames, stop: asyncio.Event) -> None:
+    """One ordered row a transaction, every 5 ms, until ``stop``."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        while not stop.is_set():
+            await conn.execute(insert_one(names))
+            await asyncio.sleep(0.005)
+
+
+async def hold_open(dsn: str, names: OutboxNames, seconds: float) -> None:
+    """A producer transaction kept open for ``seconds``."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await conn.execute(insert_one(names))
+        await asyncio.sleep(seconds)
+        await conn.commit()
+
+
+async def drop_pause(dsn: str, schema: str) -> list[tuple[str, list[float]]]:
+    """Each partition's pause (the ingest's turn held), per leg."""
+    held: list[float] = []
+    detach_and_drop = partitions._detach_and_drop
+
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await detach_and_drop(*args, **kwargs)
+        finally:
+            held.append(time.perf_counter() - started)
+
+    partitions._detach_and_drop = timed  # type: ignore[assignment]
+    out = []
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for label, open_s in (("short transactions", 0.0), ("one open for 2 s", 2.0)):
+            names = await new_outbox(conn, schema, f"pause_{int(open_s)}", PartitionSpec(1_000, 12))
+            await load(conn, names, 10_000, 100)
+            await keep_ahead(conn, names)
+            stop = asyncio.Event()
+            producer = asyncio.create_task(produce(dsn, names, stop))
+            await asyncio.sleep(0.2)
+            holder = asyncio.create_task(hold_open(dsn, names, open_s)) if open_s else None
+            await asyncio.sleep(0.1)
+            held.clear()
+            result = await prune(conn, names, timedelta(hours=1))
+            stop.set()
+            await producer
+            if holder is not None:
+                await holder
+            assert result.partitions is not None
+            print(f"  {label}: dropped {len(result.partitions.dropped)} partitions", file=sys.stderr)
+            out.append((label, list(held)))
+    partitions._detach_and_drop = detach_and_drop  # type: ignore[assignment]
+    return out
+
+
 def mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
@@ -335,7 +402,7 @@ def main() -> None:
     ap.add_argument("--aggregates", type=int, default=500)
     ap.add_argument("--samples", type=int, default=2_000, help="lookups in (c)")
     ap.add_argument("--claims", type=int, default=150, help="claims measured in (d)")
-    ap.add_argument("--only", choices=["retention", "claims", "time-claims"], action="append")
+    ap.add_argument("--only", choices=["retention", "claims", "time-claims", "drop-pause"], action="append")
     args = ap.parse_args()
     only = set(args.only or ["retention", "claims"])
     schema = f"bench_part_{uuid.uuid4().hex[:8]}"
@@ -390,6 +457,13 @@ def main() -> None:
                     f"  by time / plain: p50 {statistics.median(t1) / statistics.median(t0):.2f}x,"
                     f" p99 {pct(t1, 0.99) / pct(t0, 0.99):.2f}x"
                 )
+            if "drop-pause" in only:
+                print("(e) ordered numbering paused per dropped partition (the ingest's turn held)")
+                for label, times in await drop_pause(args.dsn, schema):
+                    print(
+                        f"  {label:20} partitions {len(times):3}  p50 {statistics.median(times) * 1e3:8.1f} ms"
+                        f"  max {max(times) * 1e3:8.1f} ms  total {sum(times) * 1e3:8.1f} ms"
+                    )
         finally:
             async with await psycopg.AsyncConnection.connect(args.dsn, autocommit=True) as conn:
                 await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))

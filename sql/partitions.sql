@@ -188,6 +188,10 @@ SELECT count(*) AS rows,
 -- One relay prune at a time drops partitions of an outbox (a session lock, released when it is done): two would detach the same partition.
 SELECT pg_try_advisory_lock(hashtextextended('outbox-relay:drop-partitions:' || '{outbox}'::regclass::oid, 0)) AS taken;
 
+-- partition_ingest_turn --
+-- Take the ingest's turn (waiting: an ingest holds it for milliseconds) on a connection of its own, held from before a partition's DETACH ... CONCURRENTLY until it is dropped or attached again. A producer transaction that drew an id in the partition may commit meanwhile; while detached its row is invisible, and an ingest would consume the transaction's commit stamp without numbering the row, which no later turn would number in commit order. The relays' ingests skip a held turn (ingest_lock) and claim on.
+SELECT 1 FROM {q_ingest} WHERE singleton FOR UPDATE;
+
 -- partition_prune_turn_end --
 -- Release the turn taken by partition_prune_turn.
 SELECT pg_advisory_unlock(hashtextextended('outbox-relay:drop-partitions:' || '{outbox}'::regclass::oid, 0));

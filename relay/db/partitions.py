@@ -18,7 +18,8 @@ Three duties, each safe to run from several processes at once:
   the one holding the last id whose every row is finished under prune's history rule, with
   ``DETACH ... CONCURRENTLY`` (producers and relays go on), then a check of the detached
   table under its lock, then ``DROP``; a partition that received a row while it was being
-  detached is attached again instead.
+  detached is attached again instead. The ingest's turn is held throughout (ordered numbering
+  pauses for as long as the detach waits for the transactions using the outbox).
 
 By time, the same three duties with another meaning of "current": partitions hold created_at
 ranges aligned to the span from the epoch; the one holding now() and those after it are where
@@ -39,6 +40,7 @@ from psycopg.rows import dict_row
 
 from relay.db.names import OutboxNames
 from relay.db.rows import Conn, Row, fetch_all, fetch_one
+from relay.db.session import connect_beside
 from relay.db.statements import named_partition_ddl, statement
 from relay.errors import ConfigError
 
@@ -368,28 +370,34 @@ async def drop_finished(
     if not turn["taken"]:
         return PartitionsPruned((), (), refused="another relay prune is dropping partitions of this outbox")
     try:
-        return await _drop_finished(conn, names, cutoff, include_dead=include_dead, dry_run=dry_run)
+        if dry_run:
+            return await _drop_finished(conn, None, names, cutoff, include_dead=include_dead)
+        async with await connect_beside(conn) as ingest:
+            return await _drop_finished(conn, ingest, names, cutoff, include_dead=include_dead)
     finally:
         await conn.execute(statement(names, "partition_prune_turn_end"))
 
 
 async def _drop_finished(
-    conn: Conn, names: OutboxNames, cutoff: datetime, *, include_dead: bool, dry_run: bool
+    conn: Conn, ingest: Conn | None, names: OutboxNames, cutoff: datetime, *, include_dead: bool
 ) -> PartitionsPruned:
+    """``ingest``: the connection that holds the ingest's turn while a partition is
+    detached (see :func:`_detach_and_drop`); None for a dry run, which detaches nothing."""
     params: dict[str, Any] = {"cutoff": cutoff, "include_dead": include_dead}
     dropped: list[DroppedPartition] = []
     kept: list[KeptPartition] = []
     config = await fetch_all(conn, names, "partition_config")
     spec = _stored(config[0]) if config else None
     by_time = spec is not None and spec.key == "time"
-    if not dry_run and spec is not None:
-        dropped += await _orphans(conn, names, spec, params, kept)
+    if ingest is not None and spec is not None:
+        dropped += await _orphans(conn, ingest, names, spec, params, kept)
     parts = await fetch_all(conn, names, "partition_list_time" if by_time else "partition_list")
-    if not dry_run:
+    if ingest is not None:
         for p in parts:
             if p["detaching"]:  # an interrupted DETACH ... CONCURRENTLY: finish it, then decide
-                await conn.execute(_render(names, "partition_detach_finalize", p["name"]))
-                gone = await _drop_detached(conn, names, p["name"], p["lo"], p["hi"], params, kept)
+                gone = await _detach_and_drop(
+                    conn, ingest, names, "partition_detach_finalize", p["name"], p["lo"], p["hi"], params, kept
+                )
                 dropped += [gone] if gone else []
         parts = [p for p in parts if not p["detaching"]]
     # The partition holding the last id handed out (by time: now), and every one after it,
@@ -422,11 +430,12 @@ async def _drop_finished(
         if why is not None:
             kept.append(KeptPartition(p["name"], p["lo"], p["hi"], why))
             continue
-        if dry_run:
+        if ingest is None:
             dropped.append(DroppedPartition(p["name"], p["lo"], p["hi"], r["done"], r["dead"]))
             continue
-        await conn.execute(_render(names, "partition_detach", p["name"]))
-        gone = await _drop_detached(conn, names, p["name"], p["lo"], p["hi"], params, kept)
+        gone = await _detach_and_drop(
+            conn, ingest, names, "partition_detach", p["name"], p["lo"], p["hi"], params, kept
+        )
         dropped += [gone] if gone else []
     for p in later:
         if by_time:
@@ -435,6 +444,36 @@ async def _drop_finished(
             what = "holds the last id handed out" if p["lo"] == current else "ahead of the last id"
         kept.append(KeptPartition(p["name"], p["lo"], p["hi"], what))
     return PartitionsPruned(tuple(dropped), tuple(kept[:SAMPLE]), max(0, len(kept) - SAMPLE))
+
+
+async def _detach_and_drop(
+    conn: Conn,
+    ingest: Conn,
+    names: OutboxNames,
+    detach: str | None,
+    name: str,
+    lo: Bound,
+    hi: Bound,
+    params: dict[str, Any],
+    kept: list[KeptPartition],
+) -> DroppedPartition | None:
+    """Detach the partition ``name`` by the statement ``detach`` (None: it is detached
+    already), then drop it or attach it again (:func:`_drop_detached`), holding the
+    ingest's turn on ``ingest`` throughout.
+
+    Why the turn: a producer transaction that drew an id in the partition before its rows
+    were read may commit while it is detached. DETACH ... CONCURRENTLY waits for it, and
+    the re-check finds its row and attaches the partition again; but meanwhile the row is
+    invisible to an ingest, which would consume the transaction's commit stamp and number
+    the transactions committed after it first: the row would be numbered out of commit
+    order, or not at all while stamps keep coming. Held, the relays' ingests skip their turn
+    for that long (the time the detach waits for the transactions using the outbox), and
+    claim on."""
+    async with ingest.transaction():
+        await ingest.execute(statement(names, "partition_ingest_turn"))
+        if detach is not None:
+            await conn.execute(_render(names, detach, name))
+        return await _drop_detached(conn, names, name, lo, hi, params, kept)
 
 
 async def _drop_detached(
@@ -471,7 +510,12 @@ async def _drop_detached(
 
 
 async def _orphans(
-    conn: Conn, names: OutboxNames, spec: PartitionSpec, params: dict[str, Any], kept: list[KeptPartition]
+    conn: Conn,
+    ingest: Conn,
+    names: OutboxNames,
+    spec: PartitionSpec,
+    params: dict[str, Any],
+    kept: list[KeptPartition],
 ) -> list[DroppedPartition]:
     """Partitions an interrupted prune detached and did not drop: dropped now if finished,
     else attached again at the bounds their number (by time: their start) gives."""
@@ -490,6 +534,6 @@ async def _orphans(
             assert spec.size is not None
             lo = int(o["number"]) * spec.size
             hi = lo + spec.size
-        gone = await _drop_detached(conn, names, o["name"], lo, hi, params, kept)
+        gone = await _detach_and_drop(conn, ingest, names, None, o["name"], lo, hi, params, kept)
         out += [gone] if gone else []
     return out

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from relay.db.names import OutboxNames
@@ -92,6 +92,14 @@ async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
         await conn.close()
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {_reason(exc)}") from None
     return conn
+
+
+async def connect_beside(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
+    """Another autocommit connection (as :func:`connect` opens it) to the server, database
+    and role ``conn`` is connected to: for a lock that must be held in a transaction while
+    ``conn`` runs what cannot run in one (``DETACH ... CONCURRENTLY``)."""
+    password = conn.info.password
+    return await connect(make_conninfo(conn.info.dsn, **({"password": password} if password else {})))
 
 
 def _reason(exc: BaseException) -> str:
