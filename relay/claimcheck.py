@@ -14,8 +14,12 @@ payload is and what it hashes to:
 
 The store failing (unreachable, a bucket missing, credentials refused) holds only the
 messages that need it, as a destination of their own that is unavailable: no attempt is
-spent, nothing goes dead, and the other messages flow. Objects are never deleted here:
-they outlive the rows that name them for as long as a replay could need them.
+spent, nothing goes dead, and the other messages flow.
+
+Each object is named in ``<table>_payloads`` before it is written (``record``), and only
+`relay prune` deletes it, once the row it was stored for has left history
+(:class:`StoredPayloads`, relay.retention): never while a replay could need it, and no
+object is left that prune cannot find, whenever a relay is killed.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import hashlib
 import json
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -43,6 +47,11 @@ log = logging.getLogger("relay.claimcheck")
 STORE_RETRY = timedelta(seconds=5)
 # Uploads at once per publish (each a thread of boto3's blocking client).
 UPLOADS_AT_ONCE = 8
+
+
+# Names the objects about to be stored, ``record(refs, outbox_ids)``, before they are
+# written (relay.db.dispatch.OutboxStore.record_payloads).
+Record = Callable[[Sequence[str], Sequence[int]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -95,17 +104,7 @@ class ClaimCheckStore:
 
     def client(self) -> Any:
         if self._client is None:
-            try:
-                import boto3
-                from botocore.config import Config
-            except ImportError:
-                raise ConfigError(
-                    "--claim-check-bucket needs boto3, which is not installed: pip install 'outbox-relay[sqs]'"
-                ) from None
-            config = Config(connect_timeout=2, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"})
-            self._client = boto3.session.Session().client(
-                "s3", endpoint_url=self.settings.endpoint_url, region_name=self.settings.region, config=config
-            )
+            self._client = s3_client(self.settings.endpoint_url, self.settings.region)
         return self._client
 
     async def check(self) -> str | None:
@@ -118,10 +117,13 @@ class ClaimCheckStore:
             return _why(exc)
         return None
 
-    async def publish(self, publisher: Publisher, batch: Sequence[OutboxMessage], deadline_s: float) -> list[Outcome]:
-        """Store the payloads of ``batch`` over the threshold, then publish it through
-        ``publisher`` with references in their place; a message whose payload could not be
-        stored is not published, its outcome saying why (attempt refunded)."""
+    async def publish(
+        self, publisher: Publisher, batch: Sequence[OutboxMessage], deadline_s: float, record: Record
+    ) -> list[Outcome]:
+        """Store the payloads of ``batch`` over the threshold (each named by ``record``
+        first), then publish it through ``publisher`` with references in their place; a
+        message whose payload could not be recorded or stored is not published, its outcome
+        saying why (attempt refunded)."""
         loop = asyncio.get_running_loop()
         until = loop.time() + deadline_s
         large = [i for i, m in enumerate(batch) if len(m.body) > self.settings.threshold]
@@ -130,9 +132,13 @@ class ClaimCheckStore:
         if large:
             try:
                 async with asyncio.timeout_at(until):
+                    await self._record(record, [batch[i] for i in large])
                     stored = await asyncio.gather(*(self._store(batch[i]) for i in large), return_exceptions=True)
             except TimeoutError:
                 stored = [TimeoutError("storing the payload took the whole publish deadline")] * len(large)
+            except Exception as exc:  # the database refused the record: nothing was stored
+                stored = [_Unrecorded(f"the objects could not be recorded in the outbox's database: {first_line(exc)}")]
+                stored *= len(large)
             for i, result in zip(large, stored, strict=True):
                 if isinstance(result, BaseException):
                     outcomes[i] = self._unavailable(result)
@@ -145,6 +151,14 @@ class ClaimCheckStore:
             for i, outcome in zip(going, published, strict=True):
                 outcomes[i] = outcome
         return outcomes
+
+    async def _record(self, record: Record, messages: Sequence[OutboxMessage]) -> None:
+        # One row per object: messages of one event id share it (the latest row keeps it).
+        latest: dict[str, int] = {}
+        for m in messages:
+            ref = self.settings.url(m)
+            latest[ref] = max(latest.get(ref, m.id), m.id)
+        await record(list(latest), list(latest.values()))
 
     async def _store(self, m: OutboxMessage) -> str:
         """Store ``m``'s payload; its ``datadigest`` (hashed once: a payload may be 100 MB)."""
@@ -173,8 +187,71 @@ class ClaimCheckStore:
         )
 
 
+class _Unrecorded(Exception):
+    """The objects could not be named in ``<table>_payloads``, so none was stored."""
+
+
+def s3_client(endpoint_url: str | None, region: str | None) -> Any:
+    """boto3's S3 client for the claim-check's store (AWS S3 unless ``endpoint_url``)."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise ConfigError(
+            "the claim-check needs boto3, which is not installed: pip install 'outbox-relay[sqs]'"
+        ) from None
+    config = Config(connect_timeout=2, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"})
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+
+
+# Keys one DeleteObjects request takes (S3's limit).
+DELETE_AT_ONCE = 1000
+
+
+class StoredPayloads:
+    """What `relay prune` deletes stored objects with (those whose rows left history): the
+    store at ``endpoint_url`` (AWS S3 if None), each object's bucket taken from its reference."""
+
+    def __init__(self, endpoint_url: str | None = None, region: str | None = None, client: Any | None = None) -> None:
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self._client = client
+
+    async def delete(self, refs: Sequence[str]) -> tuple[list[str], str | None]:
+        """Delete the objects ``refs`` (``s3://bucket/key``; a missing one counts as
+        deleted); returns those deleted and, if any was not, why (one line)."""
+        return await asyncio.to_thread(self._delete, refs)
+
+    def _delete(self, refs: Sequence[str]) -> tuple[list[str], str | None]:
+        by_bucket: dict[str, list[str]] = {}
+        for ref in refs:
+            bucket, _, key = ref.removeprefix("s3://").partition("/")
+            by_bucket.setdefault(bucket, []).append(key)
+        deleted: list[str] = []
+        why = None
+        try:
+            if self._client is None:
+                self._client = s3_client(self.endpoint_url, self.region)
+            for bucket, keys in by_bucket.items():
+                for at in range(0, len(keys), DELETE_AT_ONCE):
+                    some = keys[at : at + DELETE_AT_ONCE]
+                    answer = self._client.delete_objects(
+                        Bucket=bucket, Delete={"Objects": [{"Key": k} for k in some], "Quiet": True}
+                    )
+                    failed = {e.get("Key"): e for e in answer.get("Errors", [])}
+                    deleted += [f"s3://{bucket}/{k}" for k in some if k not in failed]
+                    if failed and why is None:
+                        e = next(iter(failed.values()))
+                        why = f"{e.get('Code', 'Error')}: {e.get('Message', '')}".strip(": ")
+        except Exception as exc:  # unreachable, no credentials, no bucket: the rest waits
+            why = _why(exc)
+        return deleted, why
+
+
 def _why(exc: BaseException) -> str:
     """One line for a store failure: the S3 error code where there is one."""
+    if isinstance(exc, _Unrecorded):
+        return str(exc)
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
         error = response.get("Error", {})

@@ -395,7 +395,9 @@ class Replayer:
                 try:
                     timeout = self.limits.publish_timeout.total_seconds()
                     if self.claim_check is not None:
-                        outcomes = await self.claim_check.publish(self.publisher, sent, timeout)
+                        outcomes = await self.claim_check.publish(
+                            self.publisher, sent, timeout, self.plan.record_payloads
+                        )
                     else:
                         outcomes = await publish_within(self.publisher, sent, timeout)
                 except BaseException as exc:  # cancelled

@@ -30,6 +30,11 @@ partitions whose every row qualifies by the same rule (done before the cutoff; w
 other one (a pending, processing or dead row, a row finished after the cutoff, a head),
 as well as the partition holding the last id and those ahead of it. The dead ordered rows
 are counted and skipped as above, and the heads forgotten as above.
+
+Either way, with a ``payloads`` store, prune then deletes the claim-check's objects
+(relay.claimcheck) whose rows have left history, and forgets them: an object is never
+deleted while its row is in history, so a replay finds every payload it needs. Objects the
+store would not delete (unreachable, no credentials) wait for the next prune, counted.
 """
 
 from __future__ import annotations
@@ -84,6 +89,21 @@ class Skipped(Protocol):
 Skip = Callable[..., Awaitable[Skipped]]
 
 
+class PayloadStore(Protocol):
+    """Where the claim-check's objects are deleted (relay.claimcheck.StoredPayloads)."""
+
+    async def delete(self, refs: Sequence[str]) -> tuple[list[str], str | None]: ...
+
+
+@dataclass(frozen=True)
+class PayloadsResult:
+    """What deleting the stored objects of rows that left history did (or would do)."""
+
+    deleted: int  # objects deleted from the store and forgotten (in a dry run: that would be)
+    waiting: int  # objects the store did not delete (``why``); the next prune tries again
+    why: str | None = None
+
+
 @dataclass(frozen=True)
 class SkipBlocking:
     """Skip the dead ordered rows prune would otherwise keep, recorded as ``by`` with
@@ -130,6 +150,8 @@ class PruneResult:
     # A partitioned outbox: the partitions dropped (their rows are counted in done and dead)
     # and kept; None for a plain outbox.
     partitions: PartitionsPruned | None = None
+    # The claim-check's objects whose rows left history (None: there were none, or no store).
+    payloads: PayloadsResult | None = None
 
     @property
     def deleted(self) -> int:
@@ -146,6 +168,7 @@ async def prune(
     heads_idle_for: timedelta | None = None,
     batch: int = DEFAULT_BATCH,
     dry_run: bool = False,
+    payloads: PayloadStore | None = None,
 ) -> PruneResult:
     """Delete done rows finished more than ``older_than`` ago, ``batch`` ids per statement.
 
@@ -154,6 +177,7 @@ async def prune(
     ``include_dead``: dead unordered rows created before the cutoff go too, and the dead
     ordered ones are counted (kept; skipped with ``skip_blocking``). ``heads_idle_for``:
     forget the heads of aggregates idle that long (see the module's docstring).
+    ``payloads``: delete the claim-check's objects whose rows have left history from it.
     """
     if older_than < timedelta(0):
         raise ConfigError("invalid --older-than: must not be negative")
@@ -200,6 +224,7 @@ async def prune(
             skipped=skipped,
             heads=heads,
             partitions=dropped,
+            payloads=await _forget_payloads(conn, names, payloads, batch, dry_run),
         )
     after, batches, scanned, done, dead = 0, 0, 0, 0, 0
     while True:
@@ -236,6 +261,7 @@ async def prune(
         blocking=blocking,
         skipped=skipped,
         heads=heads,
+        payloads=await _forget_payloads(conn, names, payloads, batch, dry_run),
     )
     log.info(
         "%s %d done and %d dead rows of %s older than %s (%d batches)",
@@ -247,6 +273,39 @@ async def prune(
         batches,
     )
     return result
+
+
+async def _forget_payloads(
+    conn: Conn, names: OutboxNames, store: PayloadStore | None, batch: int, dry_run: bool
+) -> PayloadsResult | None:
+    """Delete from ``store`` the objects whose rows have left history, a page at a time,
+    and forget them; stop at the first page the store refuses (counted as waiting)."""
+    if store is None:
+        return None
+    after, deleted, waiting, why = "", 0, 0, None
+    while refs := await history.payloads_unneeded(conn, names, after=after, batch=batch):
+        after = refs[-1]
+        if dry_run:
+            deleted += len(refs)
+            continue
+        gone, why = await store.delete(refs)
+        if gone:
+            await history.payloads_forget(conn, names, gone)
+        deleted += len(gone)
+        waiting += len(refs) - len(gone)
+        if why is not None:
+            log.warning(
+                "prune: the claim-check store did not delete %d objects of rows that left history;"
+                " the next prune tries again: %s",
+                len(refs) - len(gone),
+                why,
+            )
+            break
+    if not deleted and not waiting:
+        return None
+    verb = "would delete" if dry_run else "deleted"
+    log.info("%s %d stored payloads of rows that left %s", verb, deleted, names.qualified)
+    return PayloadsResult(deleted, waiting, why)
 
 
 async def _skip_blocking(conn: Conn, names: OutboxNames, cutoff: datetime, how: SkipBlocking) -> int:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from psycopg_pool import AsyncConnectionPool
 
 from relay.breaker import CircuitBreaker
-from relay.claimcheck import ClaimCheckStore
+from relay.claimcheck import ClaimCheckStore, StoredPayloads
 from relay.config import RelaySettings
 from relay.contract import Publisher, ReportsUnroutable, WatchesDestinations
 from relay.db.dispatch import OutboxStore
@@ -554,7 +554,11 @@ async def _prune(settings: RelaySettings, older_than: timedelta, heads_idle_for:
     # must not hold a pool slot a worker needs.
     conn = await connect(settings.dsn)
     async with conn:
-        result = await prune(conn, settings.names, older_than, heads_idle_for=heads_idle_for)
+        # The store the relay writes to (the bucket is in each object's reference); AWS S3
+        # when the claim-check is off, for objects written while it was on.
+        cc = settings.claim_check
+        payloads = StoredPayloads(cc.endpoint_url, cc.region) if cc is not None else StoredPayloads()
+        result = await prune(conn, settings.names, older_than, heads_idle_for=heads_idle_for, payloads=payloads)
     dropped = result.partitions
     log.info(
         "scheduled prune removed %d done rows older than %s %s%s",

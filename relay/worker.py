@@ -614,7 +614,7 @@ class Worker:
         started = time.monotonic()
         try:
             if self.claim_check is not None:
-                return await self.claim_check.publish(self.publisher, messages, deadline_s)
+                return await self.claim_check.publish(self.publisher, messages, deadline_s, self.store.record_payloads)
             return await publish_within(self.publisher, messages, deadline_s)
         finally:
             self.metrics.observe_publish(time.monotonic() - started)

@@ -38,8 +38,8 @@ GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT SELECT, UPDATE, DELETE ON {outbox} TO {role};
 
 -- grant_relay_side_tables --
--- Relays: the ingest, heads, wake-up bookkeeping and shared settings (relay settings set included).
-GRANT SELECT, INSERT, UPDATE, DELETE ON {q_heads}, {q_commits}, {q_settings}, {q_listeners}, {q_ingest}, {q_cursor} TO {role};
+-- Relays: the ingest, heads, wake-up bookkeeping, shared settings (relay settings set included) and the claim-check's objects (0019: recorded before they are stored, forgotten by the scheduled prune).
+GRANT SELECT, INSERT, UPDATE, DELETE ON {q_heads}, {q_commits}, {q_settings}, {q_listeners}, {q_ingest}, {q_cursor}, {q_payloads} TO {role};
 
 -- grant_relay_ledger --
 -- Relays: every relay command checks the migrations applied, and only reads them.

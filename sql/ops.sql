@@ -548,3 +548,18 @@ SELECT o.id, o.event_type, o.status, o.attempts, o.created_at, o.done_at, o.orde
  WHERE o.id IN (SELECT id FROM recent UNION SELECT id FROM unfinished)
  ORDER BY o.id DESC
  LIMIT %(limit)s;
+
+-- payloads_unneeded --
+-- The next stored objects, by reference after %(after)s, whose row has left history (relay prune deleted it, or dropped its partition): relay prune deletes them from the store, then forgets them (payloads_forget). A page of the table's primary key, each row probed by id.
+SELECT p.ref
+  FROM {q_payloads} AS p
+ WHERE p.ref > %(after)s
+   AND NOT EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.id = p.outbox_id)
+ ORDER BY p.ref
+ LIMIT %(batch)s;
+
+-- payloads_forget --
+-- Forget the objects relay prune deleted from the store, unless a row was stored for the same reference meanwhile (a row of the same event id, written since: the relay that stores it writes the object again).
+DELETE FROM {q_payloads} AS p
+ WHERE p.ref = ANY (%(refs)s::text[])
+   AND NOT EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.id = p.outbox_id);

@@ -363,3 +363,11 @@ SELECT pg_try_advisory_lock(hashtext('outbox-relay ' || %(duty)s), hashtext(%(ou
 -- leader_check --
 -- The leader's connection answers (and so its lock is still held).
 SELECT 1;
+
+-- payloads_record --
+-- Name the objects a relay is about to store (relay.claimcheck) before it writes them, so that relay prune finds every object there is: its reference and the row it is stored for. A row of the same event id stored later takes an object over (the greater id), so the object stays while that row is in history.
+INSERT INTO {q_payloads} AS p (ref, outbox_id)
+SELECT r.ref, r.outbox_id
+  FROM unnest(%(refs)s::text[], %(ids)s::bigint[]) AS r(ref, outbox_id)
+    ON CONFLICT (ref) DO UPDATE
+   SET outbox_id = greatest(p.outbox_id, excluded.outbox_id);

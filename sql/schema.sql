@@ -661,6 +661,19 @@ CREATE INDEX {n_dead_group_idx} ON {outbox} (dead_group, id) WHERE status = 'dea
 CREATE INDEX {n_dead_type_idx} ON {outbox} (event_type) WHERE status = 'dead';
 CREATE INDEX {n_dead_ordered_idx} ON {outbox} (aggregate_id) WHERE status = 'dead' AND ordered;
 
+-- ---- The claim-check's objects (0019)
+--
+-- A relay records each object it is about to store (relay.claimcheck; before it writes it,
+-- so that no object exists that this table does not name), and relay prune deletes an object
+-- once the row it was stored for has left history (a prune's DELETE, a dropped partition),
+-- then its row here. Rows of one event id share one object (its key is derived from the event
+-- id): the latest of them keeps it.
+CREATE TABLE {q_payloads} (
+    ref       text        PRIMARY KEY,             -- s3://<bucket>/<key>
+    outbox_id bigint      NOT NULL,                -- the row it was stored for; kept while that row is in history
+    stored_at timestamptz NOT NULL DEFAULT now()   -- when it was recorded, before the object was written
+);
+
 -- ---- The migration ledger
 --
 -- What `relay migrate` creates before it applies anything (relay.db.migrate) and the row it
@@ -688,4 +701,5 @@ INSERT INTO {q_migrations} (version, name) VALUES
     (15, 'event_identity'),
     (16, 'commit_order'),
     (17, 'epoch_counter'),
-    (18, 'partitioning');
+    (18, 'partitioning'),
+    (19, 'stored_payloads');

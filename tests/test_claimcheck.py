@@ -18,11 +18,15 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from relay import Consumer, Inbox, Received, received_from_sqs
 from relay.claimcheck import PayloadFetcher
 from relay.consumers.verdict import Verdict
+from relay.db.migrate import migrate
+from relay.db.names import OutboxNames
+from relay.db.partitions import PartitionSpec
 from tests.conftest import Db
 from tests.rabbitmq_broker import TcpProxy
 from tests.relay_process import RelayProcess, kill_relays_while, relay_env, run_relay, wait_until, wait_until_async
@@ -237,6 +241,7 @@ async def test_the_store_gone_mid_run_holds_its_messages_unspent_then_all_flow(
 
 
 async def test_killed_relays_leave_no_object_without_its_row_and_lose_nothing(
+    pg_dsn: str,
     db: Db,
     relay_dsn: str,
     make_queue: Any,
@@ -271,3 +276,81 @@ async def test_killed_relays_leave_no_object_without_its_row_and_lose_nothing(
     # One object per event, each named by the event id of a row that exists: no orphan, no copy.
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
     assert keys == {f"outbox-relay/{r['event_id']}" for r in rows.values()}
+    # Each named where prune finds it, for the row it was stored for.
+    assert recorded(db) == {
+        f"s3://{bucket}/{k}": oid for k, oid in ((f"outbox-relay/{r['event_id']}", r["id"]) for r in rows.values())
+    }
+    pruned = run_relay(*prune_args(pg_dsn, db, moto_endpoint, "--older-than", "0s"), env=relay_env())
+    assert pruned.returncode == 0, pruned.stderr
+    assert f"deleted {len(ids)} stored payloads of rows that left history" in pruned.stdout, pruned.stdout
+    assert not s3.list_objects_v2(Bucket=bucket).get("Contents") and recorded(db) == {}
+
+
+def recorded(db: Db) -> dict[str, int]:
+    """<table>_payloads: each stored object's reference and the row it was stored for."""
+    table = sql.Identifier(db.names.schema, f"{db.names.table}_payloads")
+    return dict(db.conn.execute(sql.SQL("SELECT ref, outbox_id FROM {}").format(table)).fetchall())
+
+
+def prune_args(dsn: str, db: Db, endpoint: str, *more: str) -> list[str]:
+    """relay prune as the outbox's owner (``dsn``), who may drop partitions too."""
+    return ["prune", "--dsn", dsn, "--schema", db.names.schema, "--claim-check-endpoint-url", endpoint, *more]
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["plain", "partitioned"])
+async def test_prune_deletes_the_objects_of_rows_that_left_history_and_only_those(
+    pg_dsn: str,
+    names: OutboxNames,
+    db: Db,
+    partitioned: bool,
+    relay_dsn: str,
+    make_queue: Any,
+    s3: Any,
+    moto_endpoint: str,
+    relays: list[RelayProcess],
+) -> None:
+    """Two large rows finish long ago, a third just now: prune (a DELETE, or the drop of the
+    partition holding ids 1-2) deletes the first two objects and keeps the third, which a
+    replay may still need. With the store unreachable the rows go and the objects wait,
+    named, for the next prune."""
+    if partitioned:
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            await migrate(conn, names, PartitionSpec(size=3, ahead=3))
+    bucket = f"claims-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=bucket)
+    queue = make_queue(fifo=False)
+    ids = db.insert([(f"doc-{i}", "DocumentStored", {"blob": "p" * 4000, "i": i}) for i in range(3)])
+    ids += db.insert([("small", "Small", {})])
+    relay = RelayProcess(*relay_args(db, relay_dsn, queue, moto_endpoint, bucket), env=relay_env())
+    relays.append(relay)
+    assert await wait_until_async(lambda: db.settled(len(ids)), timeout=60), relay.tail()
+    relay.stop()
+    db.conn.execute(
+        sql.SQL(
+            "UPDATE {} SET created_at = now() - interval '3 days', done_at = now() - interval '2 days'"
+            " WHERE id = ANY(%s)"
+        ).format(db.table),
+        (ids[:2],),
+    )
+    event = {r["id"]: r["event_id"] for r in db.rows()}
+    ref = {i: f"s3://{bucket}/outbox-relay/{event[i]}" for i in ids[:3]}
+    assert recorded(db) == {ref[i]: i for i in ids[:3]}
+
+    def keys() -> set[str]:
+        return {f"s3://{bucket}/{o['Key']}" for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
+
+    dry = run_relay(*prune_args(pg_dsn, db, moto_endpoint, "--older-than", "1d", "--dry-run"), env=relay_env())
+    # A dry run removes no row, so no object is unneeded yet: it names only what has left already.
+    assert dry.returncode == 0 and "stored payload" not in dry.stdout, (dry.stdout, dry.stderr)
+    cut = run_relay(*prune_args(pg_dsn, db, "http://127.0.0.1:9", "--older-than", "1d"), env=relay_env())
+    assert cut.returncode == 0, cut.stderr
+    assert "2 or more stored payloads of rows that left history were not deleted" in cut.stdout, cut.stdout
+    dry = run_relay(*prune_args(pg_dsn, db, moto_endpoint, "--older-than", "1d", "--dry-run"), env=relay_env())
+    assert "would delete 2 stored payloads of rows that left history" in dry.stdout, (dry.stdout, dry.stderr)
+    assert {r["id"] for r in db.rows()}.isdisjoint(ids[:2])
+    assert keys() == set(ref.values()) and recorded(db) == {ref[i]: i for i in ids[:3]}
+    again = run_relay(*prune_args(pg_dsn, db, moto_endpoint, "--older-than", "1d"), env=relay_env())
+    assert again.returncode == 0 and "deleted 2 stored payloads" in again.stdout, (again.stdout, again.stderr)
+    assert keys() == {ref[ids[2]]} and recorded(db) == {ref[ids[2]]: ids[2]}
+    quiet = run_relay(*prune_args(pg_dsn, db, moto_endpoint, "--older-than", "1d"), env=relay_env())
+    assert quiet.returncode == 0 and "stored payload" not in quiet.stdout, quiet.stdout

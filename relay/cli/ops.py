@@ -20,6 +20,7 @@ from typing import Any
 import click
 import psycopg
 
+from relay.claimcheck import StoredPayloads
 from relay.cli.common import (
     BROKER_OPTIONS,
     OPS_OPTIONS,
@@ -57,7 +58,10 @@ RELEASE_OPTIONS = (*OPS_OPTIONS, *(o for o in START_OPTIONS if o.dest == "max_at
 RELEASE_ALL = (*RELEASE_OPTIONS, *RELEASE_OWN_OPTIONS)
 STATUS_ALL = (*OPS_OPTIONS, *STATUS_OPTIONS)
 EXPLAIN_ALL = (*OPS_OPTIONS, JSON)
-PRUNE_ALL = (*OPS_OPTIONS, *PRUNE_OPTIONS)
+# Where relay prune deletes the claim-check's objects of rows that left history: the store
+# relay start wrote them to (the bucket is in each object's reference).
+STORE_OPTIONS = tuple(o for o in START_OPTIONS if o.dest in ("claim_check_endpoint_url", "claim_check_region"))
+PRUNE_ALL = (*OPS_OPTIONS, *PRUNE_OPTIONS, *STORE_OPTIONS)
 CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, erase the screen: --watch redraws in place
 
 
@@ -245,6 +249,7 @@ def prune_cmd(**cli_values: Any) -> None:
             heads_idle_for=idle,
             batch=values["prune_chunk_size"],
             dry_run=values["dry_run"],
+            payloads=StoredPayloads(values.get("claim_check_endpoint_url"), values.get("claim_check_region")),
         )
         if values["json"]:
             return json.dumps({**jsonable(result), "older_than": age.total_seconds(), "deleted": result.deleted})

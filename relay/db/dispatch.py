@@ -260,6 +260,12 @@ class OutboxStore:
             written = {outbox_id for (outbox_id,) in await cur.fetchall()}
         return {d.message.id for d in decisions} - written
 
+    async def record_payloads(self, refs: Sequence[str], ids: Sequence[int]) -> None:
+        """Name the objects about to be stored for the rows ``ids`` (relay.claimcheck), before
+        they are written: relay prune deletes each once its row has left history."""
+        async with self.pool.connection() as conn:
+            await conn.execute(self._sql["payloads_record"], {"refs": list(refs), "ids": list(ids)})
+
     # ---- this process's row in <table>_listeners (relay.wakeup.Presence writes it)
 
     async def set_listener(self, owner: str, *, idle: bool, ttl: timedelta) -> None:

@@ -96,3 +96,14 @@ async def prune_heads_waiting(conn: Conn, names: OutboxNames, limit: int) -> int
     """Committed ordered rows waiting to be numbered, counted up to ``limit``."""
     n: int = (await fetch_one(conn, names, "prune_heads_waiting", {"limit": limit}))["n"]
     return n
+
+
+async def payloads_unneeded(conn: Conn, names: OutboxNames, *, after: str, batch: int) -> list[str]:
+    """The next ``batch`` stored objects (by reference, after ``after``) whose row has left history."""
+    rows = await fetch_all(conn, names, "payloads_unneeded", {"after": after, "batch": batch})
+    return [r["ref"] for r in rows]
+
+
+async def payloads_forget(conn: Conn, names: OutboxNames, refs: list[str]) -> None:
+    """Forget the objects ``refs``, deleted from the store, unless a row took one over meanwhile."""
+    await conn.execute(statement(names, "payloads_forget"), {"refs": refs})

@@ -3,6 +3,7 @@ decisions, pacing and publishing are relay.replay's)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -72,6 +73,11 @@ class ReplayPlan:
         self.conn = conn
         self._sql = {name: statement(names, name) for name in named_queries() if name.startswith("replay_")}
         self._histories: list[str] = ["delivered"]
+        self._record = statement(names, "payloads_record")
+
+    async def record_payloads(self, refs: Sequence[str], ids: Sequence[int]) -> None:
+        """Name the objects a replay is about to store (as OutboxStore.record_payloads)."""
+        await self.conn.execute(self._record, {"refs": list(refs), "ids": list(ids)})
 
     async def take(self, selection: Selection) -> PlanSummary:
         """Plan ``selection`` (replacing this session's last plan) and say what it holds."""

@@ -352,6 +352,7 @@ def render_prune(result: PruneResult, names: OutboxNames) -> str:
     )
     if result.heads is not None:
         lines.append(_heads_line(result.heads, result.dry_run))
+    lines += _payloads_lines(result)
     if result.dry_run:
         lines.append("  nothing changed")
     return "\n".join(lines)
@@ -386,9 +387,27 @@ def _render_partitions_pruned(result: PruneResult, names: OutboxNames) -> str:
         )
     if result.heads is not None:
         lines.append(_heads_line(result.heads, result.dry_run))
+    lines += _payloads_lines(result)
     if result.dry_run:
         lines.append("  nothing changed")
     return "\n".join(lines)
+
+
+def _payloads_lines(result: PruneResult) -> list[str]:
+    """What became of the claim-check's objects whose rows left history."""
+    p = result.payloads
+    if p is None:
+        return []
+    lines = []
+    if p.deleted:
+        verb = "would delete" if result.dry_run else "deleted"
+        lines.append(f"  {verb} {p.deleted:,} stored payload{'s' if p.deleted != 1 else ''} of rows that left history")
+    if p.waiting:
+        lines.append(
+            f"  {p.waiting:,} or more stored payloads of rows that left history were not deleted (the next prune"
+            f" tries again): {printable(p.why or 'no reason given', 300)}"
+        )
+    return lines
 
 
 def _blocking_lines(result: PruneResult) -> list[str]:
