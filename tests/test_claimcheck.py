@@ -27,7 +27,7 @@ from relay.consumers.verdict import Verdict
 from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.db.partitions import PartitionSpec
-from tests.conftest import Db
+from tests.conftest import Db, Roles
 from tests.rabbitmq_broker import TcpProxy
 from tests.relay_process import RelayProcess, kill_relays_while, relay_env, run_relay, wait_until, wait_until_async
 from tests.sqs_server import Received as SqsReceived
@@ -238,6 +238,42 @@ async def test_the_store_gone_mid_run_holds_its_messages_unspent_then_all_flow(
     for i in [*first, *large]:
         assert json.loads(await asyncio.to_thread(fetch, s3, got[i])) == rows[i]["payload"]
     await proxy.cut()
+
+
+def test_objects_that_cannot_be_named_are_not_stored_and_their_messages_wait_unspent(
+    db: Db,
+    roles: Roles,
+    relay_dsn: str,
+    make_queue: Any,
+    sqs_client: Any,
+    s3: Any,
+    moto_endpoint: str,
+    relays: list[RelayProcess],
+) -> None:
+    """An outbox migrated to 0019 whose relay role was not granted <table>_payloads again
+    (docs/upgrading.md): the large message waits, no attempt spent and no object written,
+    while the small ones go; granted, it goes."""
+    bucket = f"claims-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=bucket)
+    queue = make_queue(fifo=False)
+    payloads = sql.Identifier(db.names.schema, f"{db.names.table}_payloads")
+    db.conn.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(payloads, sql.Identifier(roles.relay)))
+    small = db.insert([("a", "Small", {"n": 1})])
+    large = db.insert([("c", "Large", {"blob": "z" * 5000})])
+    relay = RelayProcess(*relay_args(db, relay_dsn, queue, moto_endpoint, bucket), env=relay_env())
+    relays.append(relay)
+    assert wait_until(lambda: db.row(small[0])["status"] == "done", timeout=30), relay.tail()
+    assert wait_until(lambda: "could not be recorded" in relay.stderr(), timeout=10), relay.tail()
+    row = next(r for r in db.at_rest() if r["id"] == large[0])
+    assert (row["status"], row["attempts"]) == ("pending", 0), row
+    assert not s3.list_objects_v2(Bucket=bucket).get("Contents")
+    db.conn.execute(
+        sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(payloads, sql.Identifier(roles.relay))
+    )
+    assert wait_until(lambda: db.row(large[0])["status"] == "done", timeout=30), relay.tail()
+    assert db.row(large[0])["attempts"] == 1 and len(recorded(db)) == 1
+    relay.stop()
+    relay.assert_clean_exit()
 
 
 async def test_killed_relays_leave_no_object_without_its_row_and_lose_nothing(
