@@ -85,8 +85,8 @@ def reference(settings: ClaimCheckSettings, m: OutboxMessage, sums: str) -> Outb
     """``m`` as it is sent once its payload is stored (its ``datadigest`` ``sums``): a JSON
     reference as the body, and ``dataref`` and ``datadigest`` among its headers."""
     ref = settings.url(m)
-    body = json.dumps({"dataref": ref, "datadigest": sums, "size": len(m.body)}).encode()
-    return replace(m, body=body, headers={**(m.headers or {}), "dataref": ref, "datadigest": sums})
+    body = json.dumps({"dataref": ref, "datadigest": sums, "size": m.body_size}).encode()
+    return replace(m, body=body, headers={**(m.headers or {}), "dataref": ref, "datadigest": sums}, spooled=None)
 
 
 class ClaimCheckStore:
@@ -126,7 +126,7 @@ class ClaimCheckStore:
         saying why (attempt refunded)."""
         loop = asyncio.get_running_loop()
         until = loop.time() + deadline_s
-        large = [i for i, m in enumerate(batch) if len(m.body) > self.settings.threshold]
+        large = [i for i, m in enumerate(batch) if m.body_size > self.settings.threshold]
         outcomes: list[Outcome] = [None] * len(batch)
         sent = list(batch)
         if large:
@@ -161,14 +161,19 @@ class ClaimCheckStore:
         await record(list(latest), list(latest.values()))
 
     async def _store(self, m: OutboxMessage) -> str:
-        """Store ``m``'s payload; its ``datadigest`` (hashed once: a payload may be 100 MB)."""
-        sums = digest(m.body)
+        """Store ``m``'s payload; its ``datadigest`` (hashed once: a payload may be 100 MB,
+        and a spooled one was hashed as it was read)."""
+        spooled = m.spooled
+        sums = digest(m.body) if spooled is None else digest_text(spooled.sha256)
         async with self._turns:
+            if spooled is not None:
+                spooled.file.seek(0)  # read again by a retry of the same batch (isolation)
             await asyncio.to_thread(
                 self.client().put_object,
                 Bucket=self.settings.bucket,
                 Key=self.settings.key(m),
-                Body=m.body,
+                Body=m.body if spooled is None else spooled.file,
+                ContentLength=m.body_size,
                 ContentType="application/json",
                 Metadata={"datadigest": sums, "event-type": m.event_type[:256]},
             )

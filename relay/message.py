@@ -7,7 +7,22 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import Any, BinaryIO, Literal, get_args
+
+
+@dataclass(frozen=True, eq=False)
+class SpooledPayload:
+    """A payload over the claim-check's threshold, read out of PostgreSQL a slice at a time
+    into an anonymous temporary file (gone once closed, or when the process ends) instead of
+    memory: a 100 MB payload passes through the relay in a slice's worth
+    (relay.db.dispatch.OutboxStore, relay.claimcheck)."""
+
+    file: BinaryIO
+    size: int  # bytes of its JSON text
+    sha256: bytes  # of those bytes
+
+    def close(self) -> None:
+        self.file.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +62,14 @@ class OutboxMessage:
     aggregate_epoch: str | None = None
     # When the producer wrote the row (its created_at): the CloudEvents ``time``.
     created_at: datetime | None = field(default=None, compare=False)
+    # A payload over the claim-check's threshold, in a file (``body`` is then empty): only
+    # relay.claimcheck reads it, and stores it; publishers get its reference.
+    spooled: SpooledPayload | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def body_size(self) -> int:
+        """Bytes of the payload, wherever it is held."""
+        return self.spooled.size if self.spooled is not None else len(self.body)
 
     def payload(self) -> Any:
         """The payload decoded from JSON (tests and simple publishers)."""

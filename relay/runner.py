@@ -168,7 +168,7 @@ async def run_relay(
             destinations = Destinations(publisher)
             if await unless_stopped(stop, "checking the destinations", destinations.check()) is None:
                 return RunResult(stats=[])
-            store = OutboxStore(pool, settings.names, settings.session)
+            store = _store(pool, settings)
             running = True
             return await _run(
                 settings, operate, publisher, store, (stored, partitioned), pool, stop, tracing, destinations, ready
@@ -205,10 +205,17 @@ async def _run_member(
     destinations = Destinations(publisher)
     if await unless_stopped(stop, "checking the destinations", destinations.check()) is None:
         return RunResult(stats=[])
-    store = OutboxStore(pool, settings.names, settings.session)
+    store = _store(pool, settings)
     return await _run(
         settings, operate, publisher, store, (stored, partitioned), pool, stop, tracing, destinations, ready, member
     )
+
+
+def _store(pool: AsyncConnectionPool[Any], settings: RelaySettings) -> OutboxStore:
+    """The outbox's store; with the claim-check on, payloads it will store are spooled to a
+    file rather than read into memory."""
+    cc = settings.claim_check
+    return OutboxStore(pool, settings.names, settings.session, spool_over=None if cc is None else cc.threshold)
 
 
 async def started(publisher: Publisher) -> bool:

@@ -115,7 +115,7 @@ class Batch:
 
     @property
     def payload_bytes(self) -> int:
-        return sum(len(m.body) for m in self.messages)
+        return sum(m.body_size for m in self.messages)
 
 
 @dataclass(frozen=True)
@@ -472,7 +472,7 @@ class Worker:
                     messages=len(claim.messages),
                     unreadable=len(claim.unreadable),
                     reaped=len(claim.reaped),
-                    payload_bytes=sum(len(m.body) for m in claim.messages) if self.tracing.enabled else 0,
+                    payload_bytes=sum(m.body_size for m in claim.messages) if self.tracing.enabled else 0,
                 )
         except BaseException:
             if oversize:
@@ -518,6 +518,14 @@ class Worker:
 
     async def _publish_batch(self, batch: Batch) -> list[Decision]:
         """Publish ``batch`` and decide each message's outcome; the breaker hears the verdict."""
+        try:
+            return await self._publish_and_decide(batch)
+        finally:
+            for m in batch.messages:  # a payload spooled to a file: stored by now, or not at all
+                if m.spooled is not None:
+                    m.spooled.close()
+
+    async def _publish_and_decide(self, batch: Batch) -> list[Decision]:
         await self._give_way()
         messages = batch.messages
         timeout = self._deadline(batch)

@@ -276,6 +276,27 @@ SELECT o.payload
    AND o.status = 'processing'
    AND o.lease_version = %(lease_version)s;
 
+-- payload_spool_table --
+-- A claimed payload over the claim-check's threshold is copied into a temporary table of a session of its own (dropped with the transaction), as UTF-8 bytes kept uncompressed, and read from there a slice at a time (payload_spool_slice): libpq holds a whole result row in memory, and a slice of an uncompressed stored value reads only its own TOAST chunks, so the relay holds one slice of the payload at a time.
+CREATE TEMPORARY TABLE relay_spool (b bytea) ON COMMIT DROP;
+
+-- payload_spool_external --
+-- Kept uncompressed (see payload_spool_table): slices of a compressed value would each decompress it from its start.
+ALTER TABLE relay_spool ALTER COLUMN b SET STORAGE EXTERNAL;
+
+-- payload_spool --
+-- The payload of one claimed row, as the claim's text (the jsonb rendered, in UTF-8), while the lease is still ours.
+INSERT INTO relay_spool (b)
+SELECT convert_to(o.payload::text, 'UTF8')
+  FROM {outbox} AS o
+ WHERE o.id = %(id)s
+   AND o.status = 'processing'
+   AND o.lease_version = %(lease_version)s;
+
+-- payload_spool_slice --
+-- The next %(n)s bytes of the spooled payload from byte %(at)s (1-based).
+SELECT substring(b FROM %(at)s FOR %(n)s) FROM relay_spool;
+
 -- listener_turn --
 -- Take the settings row's lock before writing this relay process's row in <table>_listeners: every relay that changes its row then recomputes the producers' answer (listener_answer) in the next statement, on a snapshot taken after the previous relay's change committed, so two relays changing state at once cannot leave a stale answer.
 SELECT 1 FROM {q_settings} FOR UPDATE;

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
 from relay.adapters.sqs import SqsSettings
 from relay.adapters.sqs.publisher import SqsPublisher
@@ -97,6 +98,29 @@ async def test_a_payload_larger_than_the_budget_is_claimed_alone_and_blocks_noth
     [alone] = await claim_messages(store, budget)  # first in line: taken, alone
     assert alone.id == big and json.loads(alone.body) == blob(MB)
     assert await claim(store, budget) == [small_3]
+
+
+async def test_a_payload_over_the_budget_and_the_claim_checks_threshold_is_spooled_to_a_file_not_memory(
+    make_store: Store, pool: AsyncConnectionPool[Any], db: Db
+) -> None:
+    """With the claim-check on (spool_over: its threshold), such a payload is read a slice at a
+    time into a temporary file: the message's body is empty, the file holds exactly the text
+    PostgreSQL renders (the oracle: PostgreSQL's own sha256 of it). One under the threshold,
+    though over the budget, is read whole as before."""
+    await make_store(OrderingMap(default_ordered=False))
+    store = OutboxStore(pool, db.names, spool_over=2 * MB)
+    over, under = db.insert([("s-1", "Viewed", blob(9 * MB)), ("s-2", "Viewed", blob(MB))])
+    [spooled] = await claim_messages(store, 64 * 1024)
+    assert spooled.id == over and spooled.body == b"" and spooled.spooled is not None
+    text = spooled.spooled.file.read()
+    [(size, sha)] = db.conn.execute(
+        sql.SQL("SELECT octet_length(payload::text), sha256(convert_to(payload::text, 'UTF8')) FROM {} WHERE id = %s")
+        .format(db.table), (over,),
+    ).fetchall()  # fmt: skip
+    assert (len(text), spooled.spooled.size, spooled.spooled.sha256) == (size, size, bytes(sha))
+    assert json.loads(text) == blob(9 * MB)
+    [whole] = await claim_messages(store, 64 * 1024)
+    assert whole.id == under and whole.spooled is None and json.loads(whole.body) == blob(MB)
 
 
 async def test_a_claim_without_the_oversize_turn_passes_over_large_payloads(make_store: Store, db: Db) -> None:
