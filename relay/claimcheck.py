@@ -89,61 +89,109 @@ def reference(settings: ClaimCheckSettings, m: OutboxMessage, sums: str) -> Outb
     return replace(m, body=body, headers={**(m.headers or {}), "dataref": ref, "datadigest": sums}, spooled=None)
 
 
-class ClaimCheckStore:
-    """The object store of one relay process (boto3's S3 client, its calls in threads)."""
+@dataclass(frozen=True)
+class ClaimChecks:
+    """Which claim-check settings, if any, each event type's messages go by: the relay's
+    own (``default``, None when it has no bucket) or its route's (``[[routes]]`` tables may
+    set their own bucket, threshold and prefix, or ``claim_check = false``), chosen as the
+    routes choose a destination (``route_of``: a route's index, or -1 for none)."""
 
-    def __init__(self, settings: ClaimCheckSettings, client: Any | None = None) -> None:
-        self.settings = settings
+    default: ClaimCheckSettings | None
+    routes: tuple[ClaimCheckSettings | None, ...] = ()
+    route_of: Callable[[str], int | None] | None = None
+
+    def of(self, event_type: str) -> ClaimCheckSettings | None:
+        chosen = self.route_of(event_type) if self.route_of is not None and self.routes else None
+        return self.routes[chosen] if chosen is not None and chosen >= 0 else self.default
+
+    @property
+    def each(self) -> tuple[ClaimCheckSettings, ...]:
+        """Every distinct bucket's settings, the relay's own first."""
+        found: dict[str, ClaimCheckSettings] = {}
+        for settings in (self.default, *self.routes):
+            if settings is not None:
+                found.setdefault(settings.bucket, settings)
+        return tuple(found.values())
+
+    @property
+    def smallest_threshold(self) -> int:
+        return min(s.threshold for s in (self.default, *self.routes) if s is not None)
+
+    @property
+    def endpoint_url(self) -> str | None:
+        return self.each[0].endpoint_url
+
+    @property
+    def region(self) -> str | None:
+        return self.each[0].region
+
+
+def where(settings: ClaimCheckSettings) -> str:
+    return f"claim-check bucket s3://{settings.bucket}"
+
+
+class ClaimCheckStore:
+    """The object store of one relay process (boto3's S3 client, its calls in threads),
+    for the buckets ``checks`` names (one endpoint and region for them all)."""
+
+    def __init__(self, checks: ClaimChecks, client: Any | None = None) -> None:
+        self.checks = checks
         self._client = client
         self._turns = asyncio.Semaphore(UPLOADS_AT_ONCE)
-        self._failing: str | None = None
+        self._failing: dict[str, str] = {}  # bucket: why it refuses payloads, while it does
 
     @property
     def where(self) -> str:
-        return f"claim-check bucket s3://{self.settings.bucket}"
+        return ", ".join(where(s) for s in self.checks.each)
 
     def client(self) -> Any:
         if self._client is None:
-            self._client = s3_client(self.settings.endpoint_url, self.settings.region)
+            self._client = s3_client(self.checks.endpoint_url, self.checks.region)
         return self._client
 
     async def check(self) -> str | None:
-        """Why the bucket cannot take payloads now (missing, access denied, unreachable), or None."""
-        try:
-            await asyncio.to_thread(self.client().head_bucket, Bucket=self.settings.bucket)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            return _why(exc)
+        """Why a bucket cannot take payloads now (missing, access denied, unreachable), or None."""
+        for settings in self.checks.each:
+            try:
+                await asyncio.to_thread(self.client().head_bucket, Bucket=settings.bucket)
+            except ConfigError:
+                raise
+            except Exception as exc:
+                return f"{where(settings)}: {_why(exc)}"
         return None
 
     async def publish(
         self, publisher: Publisher, batch: Sequence[OutboxMessage], deadline_s: float, record: Record
     ) -> list[Outcome]:
-        """Store the payloads of ``batch`` over the threshold (each named by ``record``
+        """Store the payloads of ``batch`` over their threshold (each named by ``record``
         first), then publish it through ``publisher`` with references in their place; a
         message whose payload could not be recorded or stored is not published, its outcome
         saying why (attempt refunded)."""
         loop = asyncio.get_running_loop()
         until = loop.time() + deadline_s
-        large = [i for i, m in enumerate(batch) if m.body_size > self.settings.threshold]
+        chosen = [self.checks.of(m.event_type) for m in batch]
+        large = [
+            i for i, (m, c) in enumerate(zip(batch, chosen, strict=True)) if c is not None and m.body_size > c.threshold
+        ]
         outcomes: list[Outcome] = [None] * len(batch)
         sent = list(batch)
         if large:
+            pairs = [(batch[i], _settings(chosen[i])) for i in large]
             try:
                 async with asyncio.timeout_at(until):
-                    await self._record(record, [batch[i] for i in large])
-                    stored = await asyncio.gather(*(self._store(batch[i]) for i in large), return_exceptions=True)
+                    await self._record(record, pairs)
+                    stored = await asyncio.gather(*(self._store(m, c) for m, c in pairs), return_exceptions=True)
             except TimeoutError:
                 stored = [TimeoutError("storing the payload took the whole publish deadline")] * len(large)
             except Exception as exc:  # the database refused the record: nothing was stored
                 stored = [_Unrecorded(f"the objects could not be recorded in the outbox's database: {first_line(exc)}")]
                 stored *= len(large)
             for i, result in zip(large, stored, strict=True):
+                settings = _settings(chosen[i])
                 if isinstance(result, BaseException):
-                    outcomes[i] = self._unavailable(result)
+                    outcomes[i] = self._unavailable(result, settings)
                 else:
-                    sent[i] = reference(self.settings, batch[i], result)
+                    sent[i] = reference(settings, batch[i], result)
         going = [i for i in range(len(batch)) if outcomes[i] is None]
         if going:
             left = max(until - loop.time(), 0.001)
@@ -152,15 +200,15 @@ class ClaimCheckStore:
                 outcomes[i] = outcome
         return outcomes
 
-    async def _record(self, record: Record, messages: Sequence[OutboxMessage]) -> None:
+    async def _record(self, record: Record, pairs: Sequence[tuple[OutboxMessage, ClaimCheckSettings]]) -> None:
         # One row per object: messages of one event id share it (the latest row keeps it).
         latest: dict[str, int] = {}
-        for m in messages:
-            ref = self.settings.url(m)
+        for m, settings in pairs:
+            ref = settings.url(m)
             latest[ref] = max(latest.get(ref, m.id), m.id)
         await record(list(latest), list(latest.values()))
 
-    async def _store(self, m: OutboxMessage) -> str:
+    async def _store(self, m: OutboxMessage, settings: ClaimCheckSettings) -> str:
         """Store ``m``'s payload; its ``datadigest`` (hashed once: a payload may be 100 MB,
         and a spooled one was hashed as it was read)."""
         spooled = m.spooled
@@ -170,26 +218,32 @@ class ClaimCheckStore:
                 spooled.file.seek(0)  # read again by a retry of the same batch (isolation)
             await asyncio.to_thread(
                 self.client().put_object,
-                Bucket=self.settings.bucket,
-                Key=self.settings.key(m),
+                Bucket=settings.bucket,
+                Key=settings.key(m),
                 Body=m.body if spooled is None else spooled.file,
                 ContentLength=m.body_size,
                 ContentType="application/json",
                 Metadata={"datadigest": sums, "event-type": m.event_type[:256]},
             )
-        if self._failing is not None:
-            log.info("%s takes payloads again", self.where)
-            self._failing = None
+        if self._failing.pop(settings.bucket, None) is not None:
+            log.info("%s takes payloads again", where(settings))
         return sums
 
-    def _unavailable(self, exc: BaseException) -> DestinationUnavailable:
+    def _unavailable(self, exc: BaseException, settings: ClaimCheckSettings) -> DestinationUnavailable:
         why = _why(exc)
-        if self._failing != why:
-            log.warning("%s refuses payloads; their messages wait (no attempt spent): %s", self.where, why)
-            self._failing = why
+        if self._failing.get(settings.bucket) != why:
+            log.warning("%s refuses payloads; their messages wait (no attempt spent): %s", where(settings), why)
+            self._failing[settings.bucket] = why
         return DestinationUnavailable(
-            f"the payload could not be stored in {self.where}: {why}", destination=self.where, retry_after=STORE_RETRY
+            f"the payload could not be stored in {where(settings)}: {why}",
+            destination=where(settings),
+            retry_after=STORE_RETRY,
         )
+
+
+def _settings(chosen: ClaimCheckSettings | None) -> ClaimCheckSettings:
+    assert chosen is not None  # only messages with settings are large
+    return chosen
 
 
 class _Unrecorded(Exception):

@@ -28,7 +28,7 @@ from relay.config import (
     OTEL_OPTION,
     START_OPTIONS,
     RelaySettings,
-    claim_check_from,
+    claim_checks_from,
     cloudevents_from,
     names_from,
     require_broker,
@@ -307,7 +307,7 @@ def compose_replay(
         max_attempts=v["max_attempts"],
         backoff=Backoff(base=v["backoff_base"], cap=v["backoff_cap"]),
         rate=rate,
-        claim_check=claim_check_from(v),
+        claim_check=claim_checks_from(v, broker),
     )
     publish = PublishLimits(
         limits.publish_timeout,

@@ -12,7 +12,7 @@ from typing import Any
 
 from relay.adapters.registry import BROKERS
 from relay.backoff import Backoff
-from relay.claimcheck import ClaimCheckSettings
+from relay.claimcheck import ClaimChecks, ClaimCheckSettings
 from relay.cloudevents import ENVELOPES, CloudEvents
 from relay.contract import PublishLimits
 from relay.db.dispatch import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, MIN_BATCH_BYTES
@@ -22,6 +22,7 @@ from relay.decide import Policy
 from relay.errors import ConfigError
 from relay.options import DAY, HOUR, MINUTE, MS, SECOND, Option, SizeOption
 from relay.ordering import OrderingMap
+from relay.routes import DELIVERY_KEYS, Route, Router, parse_routes
 from relay.worker import WorkerConfig, lease_margin
 
 CORE_OPTIONS: tuple[Option, ...] = (
@@ -253,6 +254,8 @@ START_OPTIONS: tuple[Option, ...] = (
     ),
     *SESSION_OPTIONS,
 )
+# A route's own envelope and claim-check (relay.routes.DELIVERY_KEYS), parsed as these.
+_DELIVERY_OPTIONS = {o.dest: o for o in START_OPTIONS if o.dest in DELIVERY_KEYS}
 
 # `relay migrate --grant-producer/--grant-relay` and `relay grants` (relay.db.grants).
 GRANT_OPTIONS: tuple[Option, ...] = (
@@ -351,7 +354,7 @@ class RelaySettings:
     # Lines `relay start` logs once as warnings (deprecated options that were given).
     warnings: tuple[str, ...] = ()
     cloudevents: CloudEvents | None = None  # --envelope cloudevents[-json]
-    claim_check: ClaimCheckSettings | None = None  # --claim-check-bucket
+    claim_check: ClaimChecks | None = None  # --claim-check-bucket, and the routes' own
 
     @classmethod
     def from_values(cls, v: Mapping[str, Any], *, broker: str | None = None) -> RelaySettings:
@@ -394,7 +397,7 @@ class RelaySettings:
             names=names,
             broker=broker,
             cloudevents=cloudevents_from(v, broker, names),
-            claim_check=claim_check_from(v),
+            claim_check=claim_checks_from(v, broker),
             workers=v["workers"],
             worker=worker,
             ordering=ordering,
@@ -420,6 +423,32 @@ ORDERING_OPTIONS = tuple(o for o in START_OPTIONS if o.section == "ordering")
 CLOUDEVENTS_BROKERS = frozenset({"http", "kafka", "nats", "rabbitmq", "sns", "sqs"})
 # Structured mode only: a message carries at most 10 message attributes.
 STRUCTURED_ONLY = frozenset({"sns", "sqs"})
+
+
+def route_values(v: Mapping[str, Any], route: Route, n: int) -> dict[str, Any]:
+    """``v`` with route ``n``'s DELIVERY_KEYS over it, each parsed as its option (the
+    envelope, the claim-check's bucket, threshold and prefix); one line for a bad value."""
+    out = dict(v)
+    for key, value in route.delivery.items():
+        if key == "claim_check":
+            if not isinstance(value, bool):
+                raise ConfigError(f"route {n}: claim_check must be true or false")
+            continue
+        out[key] = _DELIVERY_OPTIONS[key].parse(value, f"route {n}")
+    return out
+
+
+def claim_checks_from(v: Mapping[str, Any], broker: str) -> ClaimChecks | None:
+    """The claim-check of every route and of the relay (None: none has a bucket)."""
+    default = claim_check_from(v)
+    routes = parse_routes(v.get("route") or (), broker)
+    each = tuple(
+        None if r.delivery.get("claim_check") is False else claim_check_from(route_values(v, r, n))
+        for n, r in enumerate(routes, start=1)
+    )
+    if default is None and not any(each):
+        return None
+    return ClaimChecks(default, each, Router(routes, has_default=True).route_of)
 
 
 def claim_check_from(v: Mapping[str, Any]) -> ClaimCheckSettings | None:

@@ -34,7 +34,7 @@ from typing import Any
 import psycopg
 
 from relay.backoff import Backoff
-from relay.claimcheck import ClaimCheckSettings, ClaimCheckStore
+from relay.claimcheck import ClaimChecks, ClaimCheckStore
 from relay.contract import Outcome, Publisher, publish_within
 from relay.db.dispatch import Unreadable
 from relay.db.replay import PlanRow, PlanSummary, ReplayPlan
@@ -165,7 +165,7 @@ class ReplayLimits:
     rate: float | None = None  # messages per second at most; None: as fast as the broker confirms
     # --claim-check-bucket: large payloads sent as references, as the live relay sends them
     # (the same objects: keyed by the event id).
-    claim_check: ClaimCheckSettings | None = None
+    claim_check: ClaimChecks | None = None
 
 
 @dataclass

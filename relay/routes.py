@@ -45,6 +45,17 @@ EXTRA_KEYS: Mapping[str, str] = {
     "http_header_file": "http",
     "webhook_secret_file": "http",
 }
+# Keys a route may carry for how its messages are written, over the relay's own settings
+# of the same names (relay.config parses their values as those options): its envelope, and
+# its claim-check (its own bucket, threshold or prefix; ``claim_check = false``: none).
+DELIVERY_KEYS = (
+    "envelope",
+    "cloudevents_source",
+    "claim_check",
+    "claim_check_bucket",
+    "claim_check_threshold",
+    "claim_check_prefix",
+)
 # The brokers whose destinations one relay process may mix: SQS queues and SNS topics
 # share the AWS settings (region, endpoint, credentials); an exchange needs RabbitMQ.
 FAMILIES: Mapping[str, frozenset[str]] = {
@@ -95,6 +106,8 @@ class Route:
     match: tuple[str, ...]
     broker: str  # whose destination this is: sqs, sns or rabbitmq
     settings: Mapping[str, str]  # the options it sets for its publisher: {"queue_url": ...}
+    # Its DELIVERY_KEYS as the table gave them (relay.config parses and checks them).
+    delivery: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def destination(self) -> str:
@@ -157,9 +170,12 @@ def parse_routes(tables: Sequence[Mapping[str, Any]], broker: str) -> tuple[Rout
     routes = []
     for n, table in enumerate(tables, start=1):
         where = f"route {n}"
-        unknown = sorted(set(table) - {"match", "destination", *DESTINATION_KEYS, *EXTRA_KEYS})
+        unknown = sorted(set(table) - {"match", "destination", *DESTINATION_KEYS, *EXTRA_KEYS, *DELIVERY_KEYS})
         if unknown:
-            raise ConfigError(f"{where}: unknown key {shown(unknown[0])} (a route has match and one destination)")
+            raise ConfigError(
+                f"{where}: unknown key {shown(unknown[0])} (a route has match, one destination, and may set"
+                f" {', '.join(DELIVERY_KEYS)})"
+            )
         match = table.get("match")
         if isinstance(match, str):
             match = [match]
@@ -167,7 +183,10 @@ def parse_routes(tables: Sequence[Mapping[str, Any]], broker: str) -> tuple[Rout
             raise ConfigError(f"{where}: match must list the event types it takes (names or globs such as 'Order*')")
         settings = _destination(table, broker, where)
         broker_of = next(DESTINATION_KEYS[k] for k in settings if k in DESTINATION_KEYS)
-        routes.append(Route(match=tuple(m.strip() for m in match), broker=broker_of, settings=settings))
+        delivery = {k: table[k] for k in DELIVERY_KEYS if k in table}
+        routes.append(
+            Route(match=tuple(m.strip() for m in match), broker=broker_of, settings=settings, delivery=delivery)
+        )
     return tuple(routes)
 
 

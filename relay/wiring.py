@@ -8,15 +8,33 @@ broker is chosen).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from relay.adapters.registry import broker_options, create_publisher, options_by_broker
-from relay.config import CORE_OPTIONS, GRANT_OPTIONS, LOG_OPTIONS, OPERATE_OPTIONS, START_OPTIONS
+from relay.config import (
+    CORE_OPTIONS,
+    GRANT_OPTIONS,
+    LOG_OPTIONS,
+    OPERATE_OPTIONS,
+    START_OPTIONS,
+    cloudevents_from,
+    names_from,
+    route_values,
+)
 from relay.contract import Publisher, PublishLimits
 from relay.errors import ConfigError
 from relay.operator_options import OPERATOR_OPTIONS
 from relay.options import source_of
-from relay.routes import FAMILIES, ROUTES_OPTION, Router, default_destination, parse_routes, shown_destination
+from relay.routes import (
+    FAMILIES,
+    ROUTES_OPTION,
+    Route,
+    Router,
+    default_destination,
+    parse_routes,
+    shown_destination,
+)
 from relay.routing import RoutedPublisher
 
 BROKER_OPTIONS = broker_options()
@@ -59,6 +77,14 @@ def refuse_other_destinations(broker: str, cli: Mapping[str, Any], env: Mapping[
         )
 
 
+def _route_limits(values: dict[str, Any], route: Route, n: int, limits: PublishLimits) -> PublishLimits:
+    """``limits`` with the envelope route ``n`` writes, where it sets its own."""
+    if not route.delivery.keys() & {"envelope", "cloudevents_source"}:
+        return limits
+    own = route_values(values, route, n)
+    return replace(limits, cloudevents=cloudevents_from(own, route.broker, names_from(values)))
+
+
 def publisher_for(broker: str, values: dict[str, Any], limits: PublishLimits) -> Publisher:
     """``broker``'s publisher (relay start, relay replay); with routes, one per route (the
     same settings with the route's destination put in) and one for the default
@@ -68,6 +94,9 @@ def publisher_for(broker: str, values: dict[str, Any], limits: PublishLimits) ->
         return create_publisher(broker, values, limits)
     default_value = default_destination(values, broker)
     default = None if default_value is None else create_publisher(broker, values, limits)
-    publishers = [create_publisher(r.broker, {**values, **r.settings}, limits) for r in routes]
+    publishers = [
+        create_publisher(r.broker, {**values, **r.settings}, _route_limits(values, r, n, limits))
+        for n, r in enumerate(routes, start=1)
+    ]
     router = Router(routes, has_default=default is not None)
     return RoutedPublisher(router, publishers, default, default_name=shown_destination(default_value or ""))

@@ -18,6 +18,7 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
+from cloudevents.core.bindings import http as ce_http
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
@@ -29,7 +30,15 @@ from relay.db.names import OutboxNames
 from relay.db.partitions import PartitionSpec
 from tests.conftest import Db, Roles
 from tests.rabbitmq_broker import TcpProxy
-from tests.relay_process import RelayProcess, kill_relays_while, relay_env, run_relay, wait_until, wait_until_async
+from tests.relay_process import (
+    RelayProcess,
+    assert_one_line_error,
+    kill_relays_while,
+    relay_env,
+    run_relay,
+    wait_until,
+    wait_until_async,
+)
 from tests.sqs_server import Received as SqsReceived
 from tests.sqs_server import receive_all
 
@@ -400,3 +409,81 @@ async def test_prune_deletes_the_objects_of_rows_that_left_history_and_only_thos
     assert keys() == {ref[ids[2]]} and recorded(db) == {ref[ids[2]]: ids[2]}
     quiet = run_relay(*prune_args(pg_dsn, db, moto_endpoint, "--older-than", "1d"), env=relay_env())
     assert quiet.returncode == 0 and "stored payload" not in quiet.stdout, quiet.stdout
+
+
+def test_each_route_writes_its_own_envelope_and_claim_check(
+    db: Db,
+    relay_dsn: str,
+    make_queue: Any,
+    sqs_client: Any,
+    s3: Any,
+    moto_endpoint: str,
+    tmp_path: Path,
+    relays: list[RelayProcess],
+) -> None:
+    """[[routes]] set their own envelope and claim-check over the relay's: documents go as
+    CloudEvents (read by the cloudevents SDK) through their own bucket from 2 KiB, audit
+    entries are never claim-checked, everything else takes the relay's 1 KiB and bucket."""
+    relay_bucket, documents_bucket = (f"claims-{uuid.uuid4().hex[:10]}" for _ in range(2))
+    for bucket in (relay_bucket, documents_bucket):
+        s3.create_bucket(Bucket=bucket)
+    default_queue, documents, audit = make_queue(fifo=False), make_queue(fifo=False), make_queue(fifo=False)
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f"""
+[[routes]]
+match = ["Document*"]
+queue_url = "{documents}"
+envelope = "cloudevents-json"
+cloudevents_source = "urn:test:documents"
+claim_check_bucket = "{documents_bucket}"
+claim_check_threshold = "2KiB"
+
+[[routes]]
+match = ["Audit*"]
+queue_url = "{audit}"
+claim_check = false
+""",
+        encoding="utf-8",
+    )
+    small_doc, large_doc, audit_entry, other = db.insert(
+        [
+            ("d-1", "DocumentStored", {"blob": "a" * 1500}),
+            ("d-2", "DocumentStored", {"blob": "b" * 5000}),
+            ("u-1", "AuditLogged", {"blob": "c" * 5000}),
+            ("o-1", "OrderPlaced", {"blob": "d" * 5000}),
+        ]
+    )
+    args = relay_args(db, relay_dsn, default_queue, moto_endpoint, relay_bucket)
+    relay = RelayProcess(*args, "--config", str(config), env=relay_env())
+    relays.append(relay)
+    assert wait_until(lambda: db.settled(4), timeout=60), relay.tail()
+    rows = {r["id"]: r for r in db.rows()}
+
+    def objects(bucket: str) -> set[str]:
+        return {o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
+
+    assert objects(documents_bucket) == {f"outbox-relay/{rows[large_doc]['event_id']}"}
+    assert objects(relay_bucket) == {f"outbox-relay/{rows[other]['event_id']}"}
+    events = {}
+    for received in receive_all(sqs_client, documents, idle_s=1.0):
+        assert received.attributes["content-type"].startswith("application/cloudevents+json")
+        message = ce_http.HTTPMessage(
+            headers={"content-type": received.attributes["content-type"]}, body=received.body.encode()
+        )
+        event = ce_http.from_http_event(message)
+        assert (event.get_source(), event.get_type()) == ("urn:test:documents", "DocumentStored")
+        events[event.get_id()] = event
+    small, large = events[str(rows[small_doc]["event_id"])], events[str(rows[large_doc]["event_id"])]
+    assert small.get_data() == rows[small_doc]["payload"] and small.get_extension("dataref") is None
+    dataref = large.get_extension("dataref")
+    assert dataref == f"s3://{documents_bucket}/outbox-relay/{rows[large_doc]['event_id']}"
+    body = s3.get_object(Bucket=documents_bucket, Key=dataref.split("/", 3)[3])["Body"].read()
+    assert json.loads(body) == rows[large_doc]["payload"]
+    [plain] = receive_all(sqs_client, audit, idle_s=0.5)
+    assert "dataref" not in plain.attributes and json.loads(plain.body) == rows[audit_entry]["payload"]
+    [referenced] = receive_all(sqs_client, default_queue, idle_s=0.5)
+    assert json.loads(fetch(s3, referenced)) == rows[other]["payload"]
+    # A route's value is checked as the relay's own option is: one line, exit 2.
+    config.write_text('[[routes]]\nmatch = ["A"]\nqueue_url = "q"\nclaim_check_threshold = "lots"\n', encoding="utf-8")
+    assert_one_line_error(run_relay(*args, "--config", str(config), env=relay_env()), "route 1", "claim")

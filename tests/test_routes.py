@@ -3,10 +3,13 @@ event type goes to, bad route settings as one line, and one destination pausing 
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from relay.compose import compose_start
 from relay.db.dispatch import OutboxStore
 from relay.errors import BrokerUnavailable, ConfigError, DestinationUnavailable
 from relay.message import OutboxMessage
@@ -188,3 +191,24 @@ async def test_a_paused_destination_neither_stops_the_claims_nor_spends_attempts
     rows = {r["id"]: r for r in db.rows()}
     assert all(rows[i]["status"] == "pending" and rows[i]["attempts"] == 0 for i in order_ids)
     assert not worker.breaker.is_open
+
+
+def test_the_documented_route_envelopes_and_claim_checks_compose_as_the_page_says(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "destinations" / "routes.md").read_text()
+    section = page[page.index("## Each route's envelope and claim-check") :]
+    [text] = re.findall(r"```toml\n(.*?)```", section, re.S)
+    config = tmp_path / "relay.toml"
+    config.write_text(text + '\n[sqs]\nqueue_url = "https://sqs.eu-west-1.amazonaws.com/123456789012/rest"\n')
+    parts = compose_start({"dsn": "postgresql://relay@db/app", "region": "eu-west-1"}, config=str(config))
+    checks = parts.settings.claim_check
+    assert checks is not None
+    documents, audit, other = (checks.of(t) for t in ("DocumentStored", "AuditLogged", "OrderPlaced"))
+    assert documents is not None and (documents.bucket, documents.threshold) == ("documents-payloads", 2048)
+    assert audit is None
+    assert other is not None and (other.bucket, other.threshold) == ("relay-payloads", 192 * 1024)
+    routed = parts.publisher
+    assert isinstance(routed, RoutedPublisher)
+    documents_queue, audit_queue = (routed._targets[i][0] for i in range(2))
+    envelope = documents_queue.settings.cloudevents  # type: ignore[attr-defined]
+    assert envelope is not None and (envelope.source, envelope.structured) == ("urn:example:documents", True)
+    assert audit_queue.settings.cloudevents is None  # type: ignore[attr-defined]
