@@ -54,6 +54,7 @@ from typing import Any, BinaryIO
 import psycopg
 
 from relay._transactions import async_runner, first, sync_runner
+from relay.cloudevents import EXTENSIONS
 from relay.db.inbox import InboxStatements
 from relay.db.names import OutboxNames
 from relay.errors import ConfigError
@@ -142,7 +143,65 @@ class OutOfOrder(Exception):
 _RELAY_FIELDS = RELAY_HEADERS
 
 
-def _received(fields: Mapping[str, Any], body: bytes, event_id: Any = None) -> Received:
+# A CloudEvent's attributes (--envelope cloudevents or cloudevents-json) that carry the
+# relay's fields; its other context attributes are dropped, its other extensions (trace
+# context, dataref and datadigest, a producer's own) become headers.
+_FROM_CLOUDEVENTS = {"id": "event_id", "type": "event_type", "subject": "aggregate_id"} | {
+    name: field for field, name in EXTENSIONS.items()
+}
+_CLOUDEVENTS_CONTEXT = frozenset({"specversion", "source", "time", "datacontenttype", "dataschema"})
+# Binary mode's header prefixes: HTTP, NATS and AMQP (ce-), Kafka (ce_).
+_CLOUDEVENTS_PREFIXES = ("ce-", "ce_")
+_CONTENT_TYPES = frozenset({"content-type", "content_type"})
+
+
+def _as_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _cloudevent(
+    fields: Mapping[str, Any], body: bytes, content_type: str | None
+) -> tuple[dict[str, Any], bytes] | None:
+    """``fields`` and ``body`` as the relay's envelope reads them, when they are a CloudEvent
+    (binary: prefixed headers and the payload; structured: one JSON document); None when
+    they are not one."""
+    if content_type is None:
+        content_type = next((_as_text(v) for k, v in fields.items() if k.lower() in _CONTENT_TYPES), "")
+    transport = {k: v for k, v in fields.items() if k.lower() not in _CONTENT_TYPES}
+    if content_type.lower().startswith("application/cloudevents+json"):
+        try:
+            document = json.loads(body)
+        except ValueError as exc:
+            raise ValueError(f"a structured CloudEvent whose body is not JSON: {exc}") from None
+        if not isinstance(document, dict):
+            raise ValueError("a structured CloudEvent whose body is not a JSON object")
+        attributes = {k: v for k, v in document.items() if k not in ("data", "data_base64")}
+        if "data_base64" in document:
+            data = base64.b64decode(str(document["data_base64"]))
+        else:
+            data = json.dumps(document.get("data"), ensure_ascii=False).encode()
+    else:
+        prefix = next((p for p in _CLOUDEVENTS_PREFIXES if f"{p}specversion" in {k.lower() for k in fields}), None)
+        if prefix is None:
+            return None
+        attributes = {k[len(prefix) :].lower(): v for k, v in transport.items() if k.lower().startswith(prefix)}
+        transport = {k: v for k, v in transport.items() if not k.lower().startswith(prefix)}
+        data = body
+    mapped: dict[str, Any] = dict(transport)
+    for name, value in attributes.items():
+        if name not in _CLOUDEVENTS_CONTEXT:
+            mapped[_FROM_CLOUDEVENTS.get(name, name)] = _as_text(value)
+    return mapped, data
+
+
+def _received(
+    fields: Mapping[str, Any], body: bytes, event_id: Any = None, content_type: str | None = None
+) -> Received:
+    cloudevent = _cloudevent(fields, body, content_type)
+    if cloudevent is not None:
+        fields, body = cloudevent
+        event_id = None
+
     def text(name: str) -> str | None:
         value = fields.get(name)
         if value is None:
@@ -174,20 +233,21 @@ def _received(fields: Mapping[str, Any], body: bytes, event_id: Any = None) -> R
 
 
 def received_from_aio_pika(message: Any) -> Received:
-    """An aio-pika ``IncomingMessage`` (the relay's headers, ``message_id`` and body)."""
-    return _received(dict(message.headers or {}), message.body, message.message_id)
+    """An aio-pika ``IncomingMessage`` (the relay's headers, ``message_id`` and body; or a
+    CloudEvent, by its ``ce-`` headers or its ``content_type``)."""
+    return _received(dict(message.headers or {}), message.body, message.message_id, message.content_type)
 
 
 def received_from_kafka(record: Any) -> Received:
-    """An aiokafka ``ConsumerRecord`` (the relay's fields as headers; the key is the
-    aggregate id)."""
+    """An aiokafka ``ConsumerRecord`` (the relay's fields as headers, or a CloudEvent's as
+    ``ce_`` headers; the key is the aggregate id)."""
     fields = dict(record.headers or ())
     return _received(fields, record.value or b"")
 
 
 def received_from_nats(message: Any) -> Received:
-    """A nats-py JetStream ``Msg`` (the relay's fields as headers, the event id also as
-    ``Nats-Msg-Id``)."""
+    """A nats-py JetStream ``Msg`` (the relay's fields as headers, or a CloudEvent's as
+    ``ce-`` headers; the event id also as ``Nats-Msg-Id``)."""
     headers = dict(message.headers or {})
     # The server's own headers (Nats-Msg-Id, Nats-Expected-*) are not the producer's.
     fields = {name: value for name, value in headers.items() if not name.startswith("Nats-")}
@@ -207,7 +267,8 @@ def _attribute_value(attribute: Mapping[str, Any]) -> str:
 
 def received_from_sqs(message: Mapping[str, Any]) -> Received:
     """One message of boto3's ``receive_message(..., MessageAttributeNames=["All"])``
-    answer, sent to SQS by the relay (or by SNS with raw message delivery)."""
+    answer, sent to SQS by the relay (or by SNS with raw message delivery); a structured
+    CloudEvent (``--envelope cloudevents-json``) by its ``content-type`` attribute."""
     attributes = message.get("MessageAttributes") or {}
     fields = {name: _attribute_value(a) for name, a in attributes.items()}
     return _received(fields, str(message["Body"]).encode())

@@ -143,12 +143,17 @@ def test_a_store_that_cannot_take_payloads_holds_only_their_messages_unspent(
 # PostgreSQL a slice at a time into a file, not into memory (relay.message.SpooledPayload);
 # its memory is measured by scripts/bench_claimcheck.py (BENCHMARKS.md), not here.
 @pytest.mark.parametrize(
-    "large",
-    [2_000_000, pytest.param(100_000_000, marks=pytest.mark.extended)],
-    ids=["2MB", "100MB"],
+    ("large", "envelope"),
+    [
+        (2_000_000, "relay"),
+        pytest.param(100_000_000, "relay", marks=pytest.mark.extended),
+        (2_000_000, "cloudevents-json"),
+    ],
+    ids=["2MB", "100MB", "2MB-cloudevents"],
 )
 async def test_the_consumer_fetches_checks_and_streams_each_payload(
     large: int,
+    envelope: str,
     db: Db,
     relay_dsn: str,
     make_queue: Any,
@@ -164,7 +169,7 @@ async def test_the_consumer_fetches_checks_and_streams_each_payload(
     payloads = [{"n": 1}, {"blob": "z" * 40_000}, {"blob": "w" * large}]
     ids = db.insert((f"doc-{i}", "DocumentStored", p) for i, p in enumerate(payloads))
     args = relay_args(db, relay_dsn, queue, moto_endpoint, bucket)
-    relays.append(RelayProcess(*args, "--batch-bytes", "1MiB", env=relay_env()))
+    relays.append(RelayProcess(*args, "--batch-bytes", "1MiB", "--envelope", envelope, env=relay_env()))
     assert wait_until(lambda: db.settled(len(ids)), timeout=120), relays[-1].tail()
     with psycopg.connect(scratch_dsn) as conn:
         Inbox().migrate(conn)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +17,14 @@ from cloudevents.core.bindings import http as ce_http
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.bindings import rabbitmq as ce_rabbitmq
 
+from relay import (
+    Received,
+    received_from_aio_pika,
+    received_from_kafka,
+    received_from_nats,
+    received_from_sqs,
+    received_from_webhook,
+)
 from relay.cloudevents import JSON, STRUCTURED_CONTENT_TYPE, binary_headers, structured_body
 from relay.message import OutboxMessage
 from tests.aws_destinations import AwsWorld
@@ -65,6 +74,24 @@ def check_event(event: BaseCloudEvent, m: OutboxMessage, *, source: str = SOURCE
     assert event.get_extension("aggregatetype") == m.aggregate_type
     data = event.get_data()
     assert (json.loads(data) if isinstance(data, bytes | str) else data) == json.loads(m.body)
+
+
+def assert_reads_as(received: Received, row: dict[str, Any]) -> None:
+    """relay.Inbox's receive helper read the CloudEvent as the row the producer wrote (the
+    oracle: the row, as the SDK's reading of the same message also matched it)."""
+    assert (received.event_id, received.event_type, received.aggregate_id, received.aggregate_type) == (
+        row["event_id"],
+        row["event_type"],
+        row["aggregate_id"],
+        row["aggregate_type"],
+    )
+    assert (received.outbox_id, received.aggregate_seq, received.aggregate_epoch) == (
+        row["id"],
+        row["aggregate_seq"],
+        row["aggregate_epoch"],
+    )
+    assert received.payload() == row["payload"]
+    assert not {"specversion", "source", "id", "time"} & set(received.headers), received.headers
 
 
 def test_binary_mode_reads_back_through_the_http_and_kafka_bindings() -> None:
@@ -135,6 +162,7 @@ def test_http_receivers_read_each_event_with_the_sdk_in_commit_order(
         assert event.get_subject() == row["aggregate_id"] and event.get_time() == row["created_at"]
         assert event.get_data() == row["payload"] or json.loads(event.get_data()) == row["payload"]  # type: ignore[arg-type]
         assert str(event.get_extension("outboxid")) == str(row["id"])
+        assert_reads_as(received_from_webhook(headers, request["body"].encode(), secrets=None), row)
         seqs.setdefault(row["aggregate_id"], []).append(int(event.get_extension("aggregateseq")))
         seen.append(int(row["id"]))
     assert sorted(seen) == ids  # each event once (every answer was 200)
@@ -169,6 +197,8 @@ def test_kafka_consumers_read_each_record_with_the_sdk(
             SOURCE,
         )
         assert record.key == row["aggregate_id"].encode()  # still keyed by aggregate: one partition each
+        consumed = SimpleNamespace(headers=list(headers.items()), value=record.value)  # as aiokafka gives it
+        assert_reads_as(received_from_kafka(consumed), row)
         data = event.get_data()
         assert (json.loads(data) if isinstance(data, bytes | str) else data) == row["payload"]
         seen.append(int(row["id"]))
@@ -207,6 +237,7 @@ async def test_rabbitmq_consumers_read_each_message_with_the_sdks_rabbitmq_bindi
         assert event.get_time() == row["created_at"]
         data = event.get_data()
         assert (json.loads(data) if isinstance(data, bytes | str) else data) == row["payload"]
+        assert_reads_as(received_from_aio_pika(delivered), row)
         seqs.setdefault(row["aggregate_id"], []).append(int(event.get_extension("aggregateseq")))
         seen.append(int(row["id"]))
     assert sorted(seen) == ids
@@ -238,6 +269,7 @@ def test_nats_stream_messages_read_as_cloudevents(
         row = rows[event.get_id()]
         assert (event.get_type(), event.get_subject()) == ("OrderPlaced", row["aggregate_id"])
         assert m.headers["Nats-Msg-Id"] == str(row["event_id"])  # the stream still de-duplicates by it
+        assert_reads_as(received_from_nats(m), row)
         seen.append(int(row["id"]))
     assert sorted(seen) == ids
     relay.stop()
@@ -276,6 +308,12 @@ def test_sqs_and_sns_carry_structured_cloudevents_and_refuse_binary_mode(
             row["aggregate_id"],
         )
         assert event.get_data() == row["payload"]
+        attributes = {
+            k: {"DataType": received.data_types.get(k, "String"), "StringValue": v}
+            for k, v in received.attributes.items()
+        }
+        read = received_from_sqs({"MessageId": "m", "Body": received.body, "MessageAttributes": attributes})
+        assert_reads_as(read, row)
         seqs.setdefault(row["aggregate_id"], []).append(int(event.get_extension("aggregateseq")))
         seen.append(int(row["id"]))
     assert sorted(seen) == ids

@@ -103,6 +103,13 @@ def received_from_webhook(
         _verify(lower, body, _keys(secrets), tolerance, time.time() if now is None else now)
         if lower.get("idempotency-key") != lower["webhook-id"]:
             raise WebhookRejected("Idempotency-Key is not the signed webhook-id", 401)
+    if lower.get("ce-specversion") or lower.get("content-type", "").startswith("application/cloudevents+json"):
+        # A CloudEvent (--envelope cloudevents or cloudevents-json): its attributes carry the fields.
+        kept = {k: v for k, v in lower.items() if k not in _NOT_PRODUCER or k == "content-type"}
+        try:
+            return _received(kept, body)
+        except ValueError as exc:
+            raise WebhookRejected(str(exc), 400) from None
     fields: dict[str, Any] = {}
     producer: dict[str, str] = {}
     for name, value in lower.items():
