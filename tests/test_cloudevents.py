@@ -6,11 +6,13 @@ time, order and trace context."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import boto3
 import pytest
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings import http as ce_http
@@ -322,15 +324,33 @@ def test_sqs_and_sns_carry_structured_cloudevents_and_refuse_binary_mode(
     relay.assert_clean_exit()
 
 
+@pytest.mark.parametrize("claim_check", [False, True], ids=["inline", "claim-checked"])
 @pytest.mark.parametrize("kind", ["locked", "unlocked"])
 def test_cloudevents_arrive_in_commit_order_from_locking_and_unlocked_producers(
-    kind: str, pg_dsn: str, producer_dsn: str, relay_dsn: str, db: Db, receivers: Any, relays: list[RelayProcess]
+    kind: str,
+    claim_check: bool,
+    pg_dsn: str,
+    producer_dsn: str,
+    relay_dsn: str,
+    db: Db,
+    receivers: Any,
+    relays: list[RelayProcess],
+    moto_endpoint: str,
 ) -> None:
+    """Claim-checked (every payload stored: threshold 0), the order and numbering are the
+    same, and each reference (the dataref extension) names the row's own payload."""
     store_fleet_ordering(pg_dsn, db.names)
     receiver: Receiver = receivers()
     env = relay_env(RELAY_DSN=relay_dsn, RELAY_LOG_LEVEL="warning")
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    bucket = f"ce-claims-{uuid.uuid4().hex[:10]}"
+    store: list[str] = []
+    if claim_check:
+        s3.create_bucket(Bucket=bucket)
+        store = ["--claim-check-bucket", bucket, "--claim-check-endpoint-url", moto_endpoint]
+        store += ["--claim-check-threshold", "0"]
     for _ in range(2):  # two relays share the outbox through their leases
-        http_relay(db.names, receiver.url, "--envelope", "cloudevents", env=env, relays=relays)
+        http_relay(db.names, receiver.url, "--envelope", "cloudevents", *store, env=env, relays=relays)
     log, producing = producers_of_kind(pg_dsn, producer_dsn, db.names, kind, 41, aggregates=6, transactions=15)
     producing.join()
     total = len(db.rows())
@@ -345,6 +365,11 @@ def test_cloudevents_arrive_in_commit_order_from_locking_and_unlocked_producers(
             continue  # a redelivery: consumers drop it by the event id
         seq = event.get_extension("aggregateseq")
         first_seq[row["id"]] = None if seq is None else int(seq)
+        if claim_check:
+            dataref = str(event.get_extension("dataref"))
+            assert dataref == f"s3://{bucket}/outbox-relay/{row['event_id']}"
+            stored = s3.get_object(Bucket=bucket, Key=dataref.split("/", 3)[3])["Body"].read()
+            assert json.loads(stored) == row["payload"]
         arrivals.append(Arrival(int(row["id"]), row["aggregate_id"]))
     assert set(first_seq) == {r["id"] for r in db.rows()}
     assert order_violations(log.expected(), arrivals) == []
