@@ -135,6 +135,10 @@ RELAY_HEADERS = frozenset(
         "payload",
     }
 )
+# The claim-check's headers (relay.claimcheck): where a payload is stored and what it hashes
+# to. Only the relay says so; a producer's would send consumers to fetch an object of its
+# choosing in place of the payload.
+CLAIM_CHECK_HEADERS = frozenset({"dataref", "datadigest"})
 # A header name: what AMQP (a short string) and SQS/SNS (letters, digits, _ - .; at most 256
 # characters, not starting with AWS. or Amazon.) both take.
 _HEADER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
@@ -161,13 +165,13 @@ def producer_headers(value: Any) -> dict[str, str] | None:
     """The producer's headers of a claimed row as the relay sends them, or None when the
     row has none; ValueError, saying why, for headers the relay refuses (the message then
     goes to dead alone): not a JSON object, a value that is not a string, a name brokers
-    refuse or one of the relay's own (:data:`RELAY_HEADERS`)."""
+    refuse or one of the relay's own (:data:`RELAY_HEADERS`, :data:`CLAIM_CHECK_HEADERS`)."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise ValueError(f"headers must be a JSON object of string values, not {type(value).__name__}")
     for name, text in value.items():
-        if name in RELAY_HEADERS:
+        if name in RELAY_HEADERS or name in CLAIM_CHECK_HEADERS:
             raise ValueError(f"header {name!r} is one of the relay's own and cannot be set by a producer")
         if not _HEADER_NAME.fullmatch(name) or name.lower().startswith(("aws.", "amazon.")):
             raise ValueError(

@@ -10,7 +10,7 @@ import pytest
 from psycopg import sql
 
 from relay.db.dispatch import OutboxStore
-from relay.message import RELAY_HEADERS, OutboxMessage, producer_headers
+from relay.message import CLAIM_CHECK_HEADERS, RELAY_HEADERS, OutboxMessage, producer_headers
 from tests.conftest import Db
 from tests.helpers import make_worker, outbox_message
 
@@ -36,6 +36,8 @@ async def test_headers_pass_through_and_bad_ones_send_their_message_alone_to_dea
         "array": insert_with_headers(db, "c", ["tenant"]),
         "number": insert_with_headers(db, "d", {"tenant": 7}),
         "reserved": insert_with_headers(db, "e", {"outbox_id": "1"}),
+        # A consumer would fetch this object in place of the payload (relay.claimcheck).
+        "forged reference": insert_with_headers(db, "h", {"dataref": "s3://elsewhere/x", "datadigest": "sha-256=x"}),
         "name": insert_with_headers(db, "f", {"a b": "x"}),
         "empty": insert_with_headers(db, "g", {"tenant": ""}),
     }
@@ -54,12 +56,13 @@ async def test_headers_pass_through_and_bad_ones_send_their_message_alone_to_dea
     assert "must be a JSON object" in reasons["array"]
     assert "'tenant' must be a string" in reasons["number"]
     assert "'outbox_id' is one of the relay's own" in reasons["reserved"]
+    assert "'dataref' is one of the relay's own" in reasons["forged reference"]
     assert "is not one brokers take" in reasons["name"]
     assert "must be 1 to" in reasons["empty"]
     assert all(r.startswith("the producer's headers are refused") for r in reasons.values())
 
 
-@pytest.mark.parametrize("name", sorted(RELAY_HEADERS))
+@pytest.mark.parametrize("name", sorted(RELAY_HEADERS | CLAIM_CHECK_HEADERS))
 def test_no_relay_name_can_be_a_producer_header(name: str) -> None:
     with pytest.raises(ValueError, match="one of the relay's own"):
         producer_headers({name: "x"})
