@@ -282,9 +282,12 @@ async def _forget_payloads(
     and forget them; stop at the first page the store refuses (counted as waiting)."""
     if store is None:
         return None
-    after, deleted, waiting, why = "", 0, 0, None
-    while refs := await history.payloads_unneeded(conn, names, after=after, batch=batch):
-        after = refs[-1]
+    after: history.PayloadsAt | None = history.PAYLOADS_START
+    deleted, waiting, why = 0, 0, None
+    while after is not None:
+        after, refs = await history.payloads_unneeded(conn, names, after=after, batch=batch)
+        if not refs:
+            continue
         if dry_run:
             deleted += len(refs)
             continue

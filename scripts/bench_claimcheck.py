@@ -247,13 +247,74 @@ def throughput(args: argparse.Namespace, endpoint: str) -> None:
         print(f"  claim-check 1 MB / plain 200 KB: {results['1 MB, claim-check'] / plain:.2f}x")
 
 
+class _Instant:
+    """A store that deletes at once (the sweep's own cost is what is measured)."""
+
+    async def delete(self, refs: list[str]) -> tuple[list[str], None]:
+        return list(refs), None
+
+
+def sweep(args: argparse.Namespace) -> None:
+    """What prune's sweep of <table>_payloads costs with --sweep-rows stored objects: all
+    their rows in history (nothing to delete: every page read, none forgotten), then all
+    rows gone (every object deleted and forgotten)."""
+    import asyncio
+
+    from relay.retention import _forget_payloads
+
+    n = args.sweep_rows
+    names = OutboxNames(f"bench_cc_{uuid.uuid4().hex[:8]}", "outbox")
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(names.schema)))
+        conn.execute(names.render(schema_sql()))
+        outbox, payloads = sql.Identifier(names.schema, "outbox"), sql.Identifier(names.schema, "outbox_payloads")
+        conn.execute("SET session_replication_role = replica")
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, status, done_at, xid)"
+                " SELECT 'doc', 'd-' || g, 'DocumentStored', '{{}}', 'done', now(), '1'"
+                " FROM generate_series(1, %s) AS g"
+            ).format(outbox),
+            (n,),
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (ref, outbox_id) SELECT 's3://b/outbox-relay/' || o.event_id, o.id FROM {} o"
+            ).format(payloads, outbox)
+        )
+        conn.execute(sql.SQL("ANALYZE {}").format(outbox))
+        conn.execute(sql.SQL("ANALYZE {}").format(payloads))
+
+    async def run() -> tuple[float, float, object, object]:
+        async with await psycopg.AsyncConnection.connect(args.dsn, autocommit=True) as conn:
+            started = time.perf_counter()
+            kept = await _forget_payloads(conn, names, _Instant(), 5000, dry_run=False)
+            in_history = time.perf_counter() - started
+            await conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(names.schema, "outbox")))
+            started = time.perf_counter()
+            gone = await _forget_payloads(conn, names, _Instant(), 5000, dry_run=False)
+            return in_history, time.perf_counter() - started, kept, gone
+
+    try:
+        in_history, all_gone, kept, gone = asyncio.run(run())
+    finally:
+        drop(args.dsn, names)
+    print(f"prune's sweep of {n:,} stored objects (pages of 5,000)")
+    print(f"  rows all in history: {in_history:6.2f} s, deleted {kept}")
+    print(f"  rows all gone:       {all_gone:6.2f} s, {gone}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", default=DEFAULT_DSN)
     parser.add_argument("--large-mb", type=int, default=100)
     parser.add_argument("--messages", type=int, default=200)
-    parser.add_argument("--only", choices=("memory", "throughput"))
+    parser.add_argument("--sweep-rows", type=int, default=1_000_000)
+    parser.add_argument("--only", choices=("memory", "throughput", "sweep"))
     args = parser.parse_args()
+    if args.only == "sweep":
+        sweep(args)
+        return
     os.environ.update(AWS_ENV)
     server = EmbeddedSqs()
     try:

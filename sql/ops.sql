@@ -550,16 +550,27 @@ SELECT o.id, o.event_type, o.status, o.attempts, o.created_at, o.done_at, o.orde
  LIMIT %(limit)s;
 
 -- payloads_unneeded --
--- The next stored objects, by reference after %(after)s, whose row has left history (relay prune deleted it, or dropped its partition): relay prune deletes them from the store, then forgets them (payloads_forget). A page of the table's primary key, each row probed by id.
-SELECT p.ref
-  FROM {q_payloads} AS p
- WHERE p.ref > %(after)s
-   AND NOT EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.id = p.outbox_id)
- ORDER BY p.ref
- LIMIT %(batch)s;
+-- Of the next %(batch)s stored objects in the outbox's id order after (%(after_id)s, %(after_ref)s), those whose row has left history (relay prune deleted it, or dropped its partition), and the last one read: relay prune deletes them from the store, then forgets them (payloads_forget), and reads on from there. A page of the (outbox_id, ref) index (materialized, so that the planner knows its size) joined to the outbox by id: probes of its primary key in order. Written as NOT EXISTS over the whole table, the planner chose an anti-join that scanned the outbox for every page (141 s for 1,000,000 objects).
+WITH page AS MATERIALIZED (
+    SELECT p.ref, p.outbox_id
+      FROM {q_payloads} AS p
+     WHERE (p.outbox_id, p.ref) > (%(after_id)s::bigint, %(after_ref)s::text)
+     ORDER BY p.outbox_id, p.ref
+     LIMIT %(batch)s
+), last AS (
+    SELECT g.outbox_id, g.ref FROM page AS g ORDER BY g.outbox_id DESC, g.ref DESC LIMIT 1
+)
+SELECT (SELECT l.outbox_id FROM last AS l) AS last_id,
+       (SELECT l.ref FROM last AS l) AS last_ref,
+       array(SELECT g.ref
+               FROM page AS g
+               LEFT JOIN {outbox} AS o ON o.id = g.outbox_id
+              WHERE o.id IS NULL
+              ORDER BY g.outbox_id, g.ref) AS gone;
 
 -- payloads_forget --
--- Forget the objects relay prune deleted from the store, unless a row was stored for the same reference meanwhile (a row of the same event id, written since: the relay that stores it writes the object again).
+-- Forget the objects relay prune deleted from the store, unless a row was stored for the same reference meanwhile (a row of the same event id, written since: the relay that stores it writes the object again). Each by its primary key, each row's id probed as in payloads_unneeded.
 DELETE FROM {q_payloads} AS p
- WHERE p.ref = ANY (%(refs)s::text[])
-   AND NOT EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.id = p.outbox_id);
+ USING unnest(%(refs)s::text[]) AS r(ref)
+ WHERE p.ref = r.ref
+   AND NOT (SELECT EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.id = p.outbox_id));

@@ -11,3 +11,6 @@ CREATE TABLE {q_payloads} (
     outbox_id bigint      NOT NULL,                -- the row it was stored for; kept while that row is in history
     stored_at timestamptz NOT NULL DEFAULT now()   -- when it was recorded, before the object was written
 );
+-- relay prune walks it in the outbox's id order: its probes of the outbox's primary key then
+-- go in order too (10 s for 1,000,000 objects in reference order, which is random).
+CREATE INDEX {n_payloads_row_idx} ON {q_payloads} (outbox_id, ref);
