@@ -37,7 +37,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from relay.contract import Outcome, Publisher, publish_within
+from relay.contract import (
+    CHECK_TIMEOUT_S,
+    DestinationCheck,
+    DestinationState,
+    Outcome,
+    Publisher,
+    publish_within,
+)
 from relay.errors import ConfigError, DestinationUnavailable, first_line
 from relay.message import OutboxMessage
 
@@ -140,25 +147,28 @@ class ClaimCheckStore:
         self._turns = asyncio.Semaphore(UPLOADS_AT_ONCE)
         self._failing: dict[str, str] = {}  # bucket: why it refuses payloads, while it does
 
-    @property
-    def where(self) -> str:
-        return ", ".join(where(s) for s in self.checks.each)
-
     def client(self) -> Any:
         if self._client is None:
             self._client = s3_client(self.checks.endpoint_url, self.checks.region)
         return self._client
 
-    async def check(self) -> str | None:
-        """Why a bucket cannot take payloads now (missing, access denied, unreachable), or None."""
-        for settings in self.checks.each:
-            try:
+    async def check_destinations(self) -> list[DestinationCheck]:
+        """Each bucket as a destination of its own (relay.contract.ChecksDestinations): a
+        missing bucket or a store that does not answer holds the messages that need it, and
+        shows in /readyz and the start-up lines as a missing exchange or queue does."""
+        return [await self._look(settings) for settings in self.checks.each]
+
+    async def _look(self, settings: ClaimCheckSettings) -> DestinationCheck:
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
                 await asyncio.to_thread(self.client().head_bucket, Bucket=settings.bucket)
-            except ConfigError:
-                raise
-            except Exception as exc:
-                return f"{where(settings)}: {_why(exc)}"
-        return None
+        except ConfigError as exc:  # boto3 not installed: nothing can be stored
+            return DestinationCheck(where(settings), DestinationState.UNREACHABLE, str(exc))
+        except TimeoutError:
+            return DestinationCheck(where(settings), DestinationState.UNREACHABLE, f"no answer in {CHECK_TIMEOUT_S:g}s")
+        except Exception as exc:
+            return DestinationCheck(where(settings), _state(exc), _why(exc))
+        return DestinationCheck(where(settings), DestinationState.EXISTS)
 
     async def publish(
         self, publisher: Publisher, batch: Sequence[OutboxMessage], deadline_s: float, record: Record
@@ -305,6 +315,18 @@ class StoredPayloads:
         except Exception as exc:  # unreachable, no credentials, no bucket: the rest waits
             why = _why(exc)
         return deleted, why
+
+
+def _state(exc: BaseException) -> DestinationState:
+    """What HeadBucket's failure says of the bucket: missing (404), access denied (403), or
+    a store that did not answer."""
+    response = getattr(exc, "response", None)
+    code = str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+    if code in ("404", "NoSuchBucket", "NotFound"):
+        return DestinationState.MISSING
+    if code in ("403", "AccessDenied", "Forbidden"):
+        return DestinationState.DENIED
+    return DestinationState.UNREACHABLE
 
 
 def _why(exc: BaseException) -> str:

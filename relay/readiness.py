@@ -30,6 +30,7 @@ from datetime import timedelta
 
 from relay.backoff import Backoff
 from relay.breaker import CircuitBreaker
+from relay.claimcheck import ClaimCheckStore
 from relay.contract import DestinationCheck, DestinationState, Publisher, ReportsUnroutable, check_destinations
 from relay.errors import first_line
 from relay.sleep import sleep_unless_stopped
@@ -46,8 +47,10 @@ SHOWN_NAMES = 3
 class Destinations:
     """What the destination checks found, kept current; the routes' paused destinations."""
 
-    def __init__(self, publisher: Publisher) -> None:
+    def __init__(self, publisher: Publisher, claim_check: ClaimCheckStore | None = None) -> None:
+        """``claim_check``: the claim-check's store, whose buckets are destinations too."""
         self.publisher = publisher
+        self.claim_check = claim_check
         self.checks: dict[str, DestinationCheck] = {}
         self.paused: set[str] = set()
         self.checked = False  # False also for a publisher that cannot look
@@ -60,6 +63,8 @@ class Destinations:
         except Exception as exc:  # the contract says it never raises: an adapter bug, not a reason to stop
             log.warning("checking the destinations failed: %s", first_line(exc), exc_info=True)
             return []
+        if self.claim_check is not None:
+            found = [*(found or ()), *await self.claim_check.check_destinations()]
         if found is None:
             return []
         first = not self.checked

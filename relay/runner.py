@@ -165,7 +165,7 @@ async def run_relay(
         try:
             if await unless_stopped(stop, "connecting to the broker", started(publisher)) is None:
                 return RunResult(stats=[])
-            destinations = Destinations(publisher)
+            destinations = Destinations(publisher, _claim_check(settings))
             if await unless_stopped(stop, "checking the destinations", destinations.check()) is None:
                 return RunResult(stats=[])
             store = _store(pool, settings)
@@ -202,13 +202,17 @@ async def _run_member(
     stored, partitioned = prepared
     for line in disagreements(stored, given, settings.names):
         log.warning("%s", line)
-    destinations = Destinations(publisher)
+    destinations = Destinations(publisher, _claim_check(settings))
     if await unless_stopped(stop, "checking the destinations", destinations.check()) is None:
         return RunResult(stats=[])
     store = _store(pool, settings)
     return await _run(
         settings, operate, publisher, store, (stored, partitioned), pool, stop, tracing, destinations, ready, member
     )
+
+
+def _claim_check(settings: RelaySettings) -> ClaimCheckStore | None:
+    return None if settings.claim_check is None else ClaimCheckStore(settings.claim_check)
 
 
 def _store(pool: AsyncConnectionPool[Any], settings: RelaySettings) -> OutboxStore:
@@ -392,14 +396,10 @@ async def _run(
         metrics=metrics,
         tracing=tracing,
         arrivals=None if member is None else member.arrivals,
-        claim_check=None if settings.claim_check is None else ClaimCheckStore(settings.claim_check),
+        # Its buckets were checked with the destinations: one missing is held, not refused
+        # (messages over the threshold wait, no attempt spent; each publish tries again).
+        claim_check=destinations.claim_check,
     )
-    if shared.claim_check is not None:
-        problem = await shared.claim_check.check()
-        if problem is not None:
-            # Held, not refused: messages over the threshold wait (no attempt spent), the
-            # others flow, and each publish tries the store again.
-            log.error("%s cannot take payloads: %s; larger messages wait", shared.claim_check.where, problem)
     workers = [
         Worker(store=store, publisher=publisher, owner=owner, config=settings.worker, wakeup=event, shared=shared)
         for owner, event in zip(owners, events, strict=True)

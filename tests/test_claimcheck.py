@@ -128,11 +128,16 @@ def test_a_store_that_cannot_take_payloads_holds_only_their_messages_unspent(
     relays.append(relay)
     assert wait_until(lambda: all(db.row(i)["status"] == "done" for i in small), timeout=30), relay.tail()
     assert wait_until(lambda: "NoSuchBucket" in relay.stderr(), timeout=10), relay.tail()
+    # Named at start as a missing destination is (relay.readiness), and checked again until it is there.
+    assert f"claim-check bucket s3://{bucket} missing" in relay.stderr(), relay.tail()
     row = next(r for r in db.at_rest() if r["id"] == large[0])
     assert (row["status"], row["attempts"]) == ("pending", 0), row
     s3.create_bucket(Bucket=bucket)
     assert wait_until(lambda: db.row(large[0])["status"] == "done", timeout=30), relay.tail()
     assert db.row(large[0])["attempts"] == 1
+    assert wait_until(lambda: f"claim-check bucket s3://{bucket} is there now" in relay.stderr(), timeout=20), (
+        relay.tail()
+    )
     [received] = [r for r in receive_all(sqs_client, queue, idle_s=0.5) if r.outbox_id == large[0]]
     assert json.loads(fetch(s3, received)) == {"blob": "y" * 5000}
     relay.stop()
