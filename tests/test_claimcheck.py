@@ -29,6 +29,7 @@ from relay.db.migrate import migrate
 from relay.db.names import OutboxNames
 from relay.db.partitions import PartitionSpec
 from tests.conftest import Db, Roles
+from tests.helpers import free_port, http_get
 from tests.rabbitmq_broker import TcpProxy
 from tests.relay_process import (
     RelayProcess,
@@ -124,10 +125,14 @@ def test_a_store_that_cannot_take_payloads_holds_only_their_messages_unspent(
     queue = make_queue(fifo=False)
     small = db.insert([("a", "Small", {"n": 1}), ("b", "Small", {"n": 2})])
     large = db.insert([("c", "Large", {"blob": "y" * 5000})])
-    relay = RelayProcess(*relay_args(db, relay_dsn, queue, moto_endpoint, bucket), env=relay_env())
+    port = free_port()
+    args = relay_args(db, relay_dsn, queue, moto_endpoint, bucket)
+    relay = RelayProcess(*args, "--metrics-port", str(port), "--metrics-host", "127.0.0.1", env=relay_env())
     relays.append(relay)
     assert wait_until(lambda: all(db.row(i)["status"] == "done" for i in small), timeout=30), relay.tail()
     assert wait_until(lambda: "NoSuchBucket" in relay.stderr(), timeout=10), relay.tail()
+    status, body = http_get(f"http://127.0.0.1:{port}/readyz")
+    assert status == 503 and f"claim-check bucket s3://{bucket} missing" in body, (status, body)
     # Named at start as a missing destination is (relay.readiness), and checked again until it is there.
     assert f"claim-check bucket s3://{bucket} missing" in relay.stderr(), relay.tail()
     row = next(r for r in db.at_rest() if r["id"] == large[0])
@@ -138,6 +143,7 @@ def test_a_store_that_cannot_take_payloads_holds_only_their_messages_unspent(
     assert wait_until(lambda: f"claim-check bucket s3://{bucket} is there now" in relay.stderr(), timeout=20), (
         relay.tail()
     )
+    assert wait_until(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, timeout=10), relay.tail()
     [received] = [r for r in receive_all(sqs_client, queue, idle_s=0.5) if r.outbox_id == large[0]]
     assert json.loads(fetch(s3, received)) == {"blob": "y" * 5000}
     relay.stop()
