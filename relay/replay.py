@@ -440,7 +440,7 @@ class Replayer:
         batch: list[_Item] = []
         size = 0
         while self._ready and len(batch) < self.limits.batch_size:
-            body = len(self._ready[0].message.body)
+            body = self._ready[0].message.body_size
             if batch and size + body > self.limits.batch_bytes:
                 break
             batch.append(heapq.heappop(self._ready))

@@ -101,7 +101,8 @@ class Replay:
             p.tracing.shutdown()
             raise
         try:
-            plan = ReplayPlan(conn, self.parts.names)
+            checks = self.parts.limits.claim_check
+            plan = ReplayPlan(conn, self.parts.names, spool_over=None if checks is None else checks.smallest_threshold)
             summary = await plan.take(self.selection)
             if not summary.count:
                 left_out = left_out_line(summary)

@@ -97,13 +97,25 @@ WITH page AS (
         OR page.rank = (SELECT min(first.rank) FROM page AS first)
 )
 SELECT c.rank, c.resume_from,
-       o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload,
+       o.id, o.aggregate_type, o.aggregate_id, o.event_type,
+       -- A payload the claim-check will store (over %(spool_over)s bytes) is read apart, a
+       -- slice at a time (replay_spool): NULL here.
+       CASE WHEN coalesce(o.payload_bytes, pg_column_size(o.payload)) > %(spool_over)s::bigint THEN NULL
+            ELSE o.payload
+       END AS payload,
        o.attempts, o.lease_version, extract(epoch FROM now() - o.created_at)::float8 AS age_s,
-       o.ordered, o.aggregate_seq, NULL::integer AS bytes, o.headers,
+       o.ordered, o.aggregate_seq, coalesce(o.payload_bytes, pg_column_size(o.payload)) AS bytes, o.headers,
        {q_event_id}(o.event_id, o.id, o.xid, o.created_at) AS event_id, o.aggregate_epoch, o.created_at
   FROM cut AS c
   LEFT JOIN {outbox} AS o ON o.id = c.id AND {q_history}(o.status, o.resolution) = ANY (%(histories)s::text[])
  ORDER BY c.rank;
+
+-- replay_spool --
+-- A replayed row's payload over the claim-check's threshold, into the session's spool table (sql/queries.sql, payload_spool_table), as the claim's payload_spool does for a leased one.
+INSERT INTO relay_spool (b)
+SELECT convert_to(o.payload::text, 'UTF8')
+  FROM {outbox} AS o
+ WHERE o.id = %(id)s;
 
 -- replay_resume_from --
 -- Where a resumed replay starts when everything before rank %(rank)s is confirmed.

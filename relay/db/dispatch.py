@@ -12,7 +12,7 @@ import hashlib
 import inspect
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -214,36 +214,15 @@ class OutboxStore:
         return bytes(payload)
 
     async def _spool(self, outbox_id: int, lease_version: int) -> SpooledPayload | None:
-        """The payload of a claimed row over the claim-check's threshold, read a slice at a
-        time (payload_spool_table) into an anonymous temporary file, hashed on the way; on a
-        connection of its own, closed afterwards, as :meth:`_oversized`."""
+        """The payload of a claimed row over the claim-check's threshold, in a file
+        (:func:`spool_payload`); on a connection of its own, closed afterwards, as
+        :meth:`_oversized`."""
         params = {"id": outbox_id, "lease_version": lease_version}
-        handle = tempfile.TemporaryFile(prefix="relay-payload-")  # noqa: SIM115 (handed on open)
-        try:
-            async with await _connect_like(self.pool, self.limits) as conn, conn.transaction():
-                await conn.execute(self._sql["payload_spool_table"])
-                await conn.execute(self._sql["payload_spool_external"])
-                cur = await conn.execute(self._sql["payload_spool"], params)
-                if cur.rowcount != 1:
-                    log.warning("claimed row %d was taken over before its payload was read", outbox_id)
-                    handle.close()
-                    return None
-                sha, size = hashlib.sha256(), 0
-                reader = conn.cursor(binary=True)
-                while True:
-                    await reader.execute(self._sql["payload_spool_slice"], {"at": size + 1, "n": SPOOL_SLICE})
-                    found = await reader.fetchone()
-                    chunk = bytes(found[0]) if found is not None and found[0] is not None else b""
-                    sha.update(chunk)
-                    handle.write(chunk)
-                    size += len(chunk)
-                    if len(chunk) < SPOOL_SLICE:
-                        break
-        except BaseException:
-            handle.close()
-            raise
-        handle.seek(0)
-        return SpooledPayload(handle, size, sha.digest())
+        async with await _connect_like(self.pool, self.limits) as conn:
+            spooled = await spool_payload(conn, self._sql, "payload_spool", params)
+        if spooled is None:
+            log.warning("claimed row %d was taken over before its payload was read", outbox_id)
+        return spooled
 
     async def _ingest(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, bool]:
         """Number what has committed, if no other relay is numbering right now. Two
@@ -382,6 +361,40 @@ def _array_literal(values: Sequence[object]) -> str:
     """A PostgreSQL array literal of ``values``: numbers or plain words only, which need no
     quoting (what finalize sends; text from anywhere else goes through psycopg)."""
     return "{" + ",".join(map(str, values)) + "}"
+
+
+async def spool_payload(
+    conn: psycopg.AsyncConnection[Any], statements: Mapping[str, Any], copy: str, params: Mapping[str, Any]
+) -> SpooledPayload | None:
+    """One row's payload read a slice at a time into an anonymous temporary file, hashed on
+    the way (sql/queries.sql, payload_spool_table): the statement ``copy`` of ``statements``
+    copies it into the session's temporary table; None when it copied no row. ``conn`` in
+    autocommit mode; the table lives for one transaction of it."""
+    handle = tempfile.TemporaryFile(prefix="relay-payload-")  # noqa: SIM115 (handed on open)
+    try:
+        async with conn.transaction():
+            await conn.execute(statements["payload_spool_table"])
+            await conn.execute(statements["payload_spool_external"])
+            cur = await conn.execute(statements[copy], params)
+            if cur.rowcount != 1:
+                handle.close()
+                return None
+            sha, size = hashlib.sha256(), 0
+            reader = conn.cursor(binary=True)
+            while True:
+                await reader.execute(statements["payload_spool_slice"], {"at": size + 1, "n": SPOOL_SLICE})
+                found = await reader.fetchone()
+                chunk = bytes(found[0]) if found is not None and found[0] is not None else b""
+                sha.update(chunk)
+                handle.write(chunk)
+                size += len(chunk)
+                if len(chunk) < SPOOL_SLICE:
+                    break
+    except BaseException:
+        handle.close()
+        raise
+    handle.seek(0)
+    return SpooledPayload(handle, size, sha.digest())
 
 
 def payload_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:

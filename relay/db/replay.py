@@ -3,6 +3,7 @@ decisions, pacing and publishing are relay.replay's)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -10,11 +11,14 @@ from typing import Any, Protocol
 
 import psycopg
 
-from relay.db.dispatch import Unreadable, message_from_row, payload_cursor
+from relay.db.dispatch import Unreadable, message_from_row, payload_cursor, spool_payload
 from relay.db.names import OutboxNames
 from relay.db.statements import named_queries, statement
 from relay.db.text import SQL_ASCII, server_encoding
 from relay.message import OutboxMessage
+
+# No payload is larger: spool_over when the claim-check is off.
+NEVER_SPOOLED = 2**62
 
 
 class Selection(Protocol):
@@ -69,15 +73,26 @@ class ReplayPlan:
     """The plan of one replay, in its connection's session: taken once, then read a page
     at a time in short statements (no transaction stays open)."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], names: OutboxNames) -> None:
+    def __init__(
+        self, conn: psycopg.AsyncConnection[Any], names: OutboxNames, *, spool_over: int | None = None
+    ) -> None:
+        """``spool_over``: payloads larger than this (the claim-check's threshold) are read
+        into a temporary file, not memory (relay.message.SpooledPayload)."""
         self.conn = conn
-        self._sql = {name: statement(names, name) for name in named_queries() if name.startswith("replay_")}
+        self.spool_over = spool_over
+        # The spool's transaction and the publishing workers' records share the connection:
+        # one at a time, so that no record commits or rolls back with a spool.
+        self._turn = asyncio.Lock()
+        self._sql = {
+            name: statement(names, name) for name in named_queries() if name.startswith(("replay_", "payload_spool_"))
+        }
         self._histories: list[str] = ["delivered"]
         self._record = statement(names, "payloads_record")
 
     async def record_payloads(self, refs: Sequence[str], ids: Sequence[int]) -> None:
         """Name the objects a replay is about to store (as OutboxStore.record_payloads)."""
-        await self.conn.execute(self._record, {"refs": list(refs), "ids": list(ids)})
+        async with self._turn:
+            await self.conn.execute(self._record, {"refs": list(refs), "ids": list(ids)})
 
     async def take(self, selection: Selection) -> PlanSummary:
         """Plan ``selection`` (replacing this session's last plan) and say what it holds."""
@@ -102,7 +117,13 @@ class ReplayPlan:
         """The plan's rows after rank ``after``: at most ``count``, and ``budget`` bytes of
         payload unless the first row alone is larger."""
         exact = server_encoding(self.conn) == SQL_ASCII
-        params = {"after": after, "count": count, "budget": budget, "histories": self._histories}
+        params = {
+            "after": after,
+            "count": count,
+            "budget": budget,
+            "histories": self._histories,
+            "spool_over": NEVER_SPOOLED if self.spool_over is None else self.spool_over,
+        }
         async with payload_cursor(self.conn) as cur:
             await cur.execute(self._sql["replay_page"], params)
             rows = await cur.fetchall()
@@ -111,6 +132,16 @@ class ReplayPlan:
             rank, resume_from, columns = row[0], row[1], row[_PLAN_COLUMNS:]
             if columns[0] is None:
                 found.append(PlanRow(rank, resume_from, None))
+            elif columns[4] is None:  # over the claim-check's threshold: read into a file
+                async with self._turn:
+                    spooled = await spool_payload(self.conn, self._sql, "replay_spool", {"id": columns[0]})
+                if spooled is None:  # pruned since the page was read
+                    found.append(PlanRow(rank, resume_from, None))
+                    continue
+                message = message_from_row(columns, b"", exact=exact)
+                if isinstance(message, OutboxMessage):
+                    message = replace(message, spooled=spooled)
+                found.append(PlanRow(rank, resume_from, message))
             else:
                 found.append(PlanRow(rank, resume_from, message_from_row(columns, columns[4], exact=exact)))
         return found
