@@ -111,6 +111,11 @@ class ClaimChecks:
         chosen = self.route_of(event_type) if self.route_of is not None and self.routes else None
         return self.routes[chosen] if chosen is not None and chosen >= 0 else self.default
 
+    def stores(self, event_type: str, size: int) -> bool:
+        """Whether a payload of ``size`` bytes of ``event_type`` goes to the store."""
+        settings = self.of(event_type)
+        return settings is not None and size > settings.threshold
+
     @property
     def each(self) -> tuple[ClaimCheckSettings, ...]:
         """Every distinct bucket's settings, the relay's own first."""
@@ -179,6 +184,11 @@ class ClaimCheckStore:
         saying why (attempt refunded)."""
         loop = asyncio.get_running_loop()
         until = loop.time() + deadline_s
+        # A payload read into a file is one the store takes; were it not (a bug), it is read
+        # back into the body here rather than sent empty.
+        batch = [
+            m if m.spooled is None or self.checks.stores(m.event_type, m.body_size) else _unspooled(m) for m in batch
+        ]
         chosen = [self.checks.of(m.event_type) for m in batch]
         large = [
             i for i, (m, c) in enumerate(zip(batch, chosen, strict=True)) if c is not None and m.body_size > c.threshold
@@ -249,6 +259,12 @@ class ClaimCheckStore:
             destination=where(settings),
             retry_after=STORE_RETRY,
         )
+
+
+def _unspooled(m: OutboxMessage) -> OutboxMessage:
+    assert m.spooled is not None
+    m.spooled.file.seek(0)
+    return replace(m, body=m.spooled.file.read(), spooled=None)
 
 
 def _settings(chosen: ClaimCheckSettings | None) -> ClaimCheckSettings:

@@ -102,7 +102,12 @@ class Replay:
             raise
         try:
             checks = self.parts.limits.claim_check
-            plan = ReplayPlan(conn, self.parts.names, spool_over=None if checks is None else checks.smallest_threshold)
+            plan = ReplayPlan(
+                conn,
+                self.parts.names,
+                spools=None if checks is None else checks.stores,
+                spool_over=None if checks is None else checks.smallest_threshold,
+            )
             summary = await plan.take(self.selection)
             if not summary.count:
                 left_out = left_out_line(summary)

@@ -219,7 +219,7 @@ def _store(pool: AsyncConnectionPool[Any], settings: RelaySettings) -> OutboxSto
     """The outbox's store; with the claim-check on, payloads it will store are spooled to a
     file rather than read into memory."""
     cc = settings.claim_check
-    return OutboxStore(pool, settings.names, settings.session, spool_over=None if cc is None else cc.smallest_threshold)
+    return OutboxStore(pool, settings.names, settings.session, spools=None if cc is None else cc.stores)
 
 
 async def started(publisher: Publisher) -> bool:

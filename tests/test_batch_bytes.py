@@ -103,13 +103,16 @@ async def test_a_payload_larger_than_the_budget_is_claimed_alone_and_blocks_noth
 async def test_a_payload_over_the_budget_and_the_claim_checks_threshold_is_spooled_to_a_file_not_memory(
     make_store: Store, pool: AsyncConnectionPool[Any], db: Db
 ) -> None:
-    """With the claim-check on (spool_over: its threshold), such a payload is read a slice at a
-    time into a temporary file: the message's body is empty, the file holds exactly the text
-    PostgreSQL renders (the oracle: PostgreSQL's own sha256 of it). One under the threshold,
-    though over the budget, is read whole as before."""
+    """With the claim-check on (``spools``: whether it stores a payload of that type and
+    size), such a payload is read a slice at a time into a temporary file: the message's body
+    is empty, the file holds exactly the text PostgreSQL renders (the oracle: PostgreSQL's
+    own sha256 of it). One under the threshold, or of a type the claim-check leaves alone
+    (a route's claim_check = false), though over the budget, is read whole as before."""
     await make_store(OrderingMap(default_ordered=False))
-    store = OutboxStore(pool, db.names, spool_over=2 * MB)
-    over, under = db.insert([("s-1", "Viewed", blob(9 * MB)), ("s-2", "Viewed", blob(MB))])
+    store = OutboxStore(pool, db.names, spools=lambda event_type, size: event_type == "Viewed" and size > 2 * MB)
+    over, under, other = db.insert(
+        [("s-1", "Viewed", blob(9 * MB)), ("s-2", "Viewed", blob(MB)), ("s-3", "Audited", blob(3 * MB))]
+    )
     [spooled] = await claim_messages(store, 64 * 1024)
     assert spooled.id == over and spooled.body == b"" and spooled.spooled is not None
     text = spooled.spooled.file.read()
@@ -121,6 +124,8 @@ async def test_a_payload_over_the_budget_and_the_claim_checks_threshold_is_spool
     assert json.loads(text) == blob(9 * MB)
     [whole] = await claim_messages(store, 64 * 1024)
     assert whole.id == under and whole.spooled is None and json.loads(whole.body) == blob(MB)
+    [left_alone] = await claim_messages(store, 64 * 1024)
+    assert left_alone.id == other and left_alone.spooled is None and json.loads(left_alone.body) == blob(3 * MB)
 
 
 async def test_a_claim_without_the_oversize_turn_passes_over_large_payloads(make_store: Store, db: Db) -> None:

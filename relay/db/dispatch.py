@@ -12,7 +12,7 @@ import hashlib
 import inspect
 import logging
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -48,6 +48,9 @@ INGEST_TRANSACTIONS = 5000
 # with 40 kB ones (100 per batch); at 8 MiB, 3.9 MB payloads (two per batch) took 123 MB
 # and 7.5 MB ones 136 MB. Batches of 100 events of up to 40 kB each still fill.
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
+# Whether the claim-check stores a payload of this event type and size (ClaimChecks.stores):
+# only such a payload may be read into a file, for only the claim-check reads that file.
+Spools = Callable[[str, int], bool]
 # Bytes of a spooled payload read from PostgreSQL at a time (OutboxStore._spool): with a
 # 100 MB payload, 4 MiB slices peaked at 96 MB RSS in 3.0 s, 1 MiB at 82 MB in 4.8 s.
 SPOOL_SLICE = 4 * 1024 * 1024
@@ -109,15 +112,16 @@ class OutboxStore:
         names: OutboxNames,
         limits: SessionLimits | None = None,
         *,
-        spool_over: int | None = None,
+        spools: Spools | None = None,
     ) -> None:
-        """``spool_over``: payloads larger than this (the claim-check's threshold) and over
-        a claim's byte budget are read into a temporary file, not memory (SpooledPayload)."""
+        """``spools(event_type, payload_bytes)``: whether the claim-check stores such a
+        payload; one it does, over a claim's byte budget, is read into a temporary file,
+        not memory (SpooledPayload)."""
         self.pool = pool
         self.names = names
         # The session limits the pool's sessions got, for the connections made beside it.
         self.limits = limits
-        self.spool_over = spool_over
+        self.spools = spools
         # Render every statement once: identifiers are fixed for the life of the store.
         self._sql = {name: names.render(text) for name, text in named_queries().items()}
         self._sql["ingest_by_id"] = names.render(ingest_by_id(named_queries()["ingest"]))
@@ -177,7 +181,7 @@ class OutboxStore:
         unreadable: list[Unreadable] = []
         for row in rows:
             body, spooled = row[_PAYLOAD], None
-            if body is None and self.spool_over is not None and row[_BYTES] > self.spool_over:
+            if body is None and self.spools is not None and self.spools(row[3], row[_BYTES]):
                 spooled = await self._spool(row[_ID], row[_LEASE_VERSION])
                 if spooled is None:
                     continue

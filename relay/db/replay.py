@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from relay.db.dispatch import Unreadable, message_from_row, payload_cursor, spool_payload
+from relay.db.dispatch import Spools, Unreadable, message_from_row, payload_cursor, spool_payload
 from relay.db.names import OutboxNames
 from relay.db.statements import named_queries, statement
 from relay.db.text import SQL_ASCII, server_encoding
@@ -74,11 +74,18 @@ class ReplayPlan:
     at a time in short statements (no transaction stays open)."""
 
     def __init__(
-        self, conn: psycopg.AsyncConnection[Any], names: OutboxNames, *, spool_over: int | None = None
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        names: OutboxNames,
+        *,
+        spools: Spools | None = None,
+        spool_over: int | None = None,
     ) -> None:
-        """``spool_over``: payloads larger than this (the claim-check's threshold) are read
-        into a temporary file, not memory (relay.message.SpooledPayload)."""
+        """``spools`` (relay.claimcheck.ClaimChecks.stores): a payload the claim-check
+        stores is read into a temporary file, not memory (relay.message.SpooledPayload);
+        ``spool_over``, the smallest threshold, picks the ones the page leaves to it."""
         self.conn = conn
+        self.spools = spools
         self.spool_over = spool_over
         # The spool's transaction and the publishing workers' records share the connection:
         # one at a time, so that no record commits or rolls back with a spool.
@@ -138,9 +145,13 @@ class ReplayPlan:
                 if spooled is None:  # pruned since the page was read
                     found.append(PlanRow(rank, resume_from, None))
                     continue
-                message = message_from_row(columns, b"", exact=exact)
-                if isinstance(message, OutboxMessage):
-                    message = replace(message, spooled=spooled)
+                if self.spools is not None and self.spools(columns[3], spooled.size):
+                    message = message_from_row(columns, b"", exact=exact)
+                    if isinstance(message, OutboxMessage):
+                        message = replace(message, spooled=spooled)
+                else:  # over the smallest threshold, not its own route's: read it whole
+                    with spooled.file:
+                        message = message_from_row(columns, spooled.file.read(), exact=exact)
                 found.append(PlanRow(rank, resume_from, message))
             else:
                 found.append(PlanRow(rank, resume_from, message_from_row(columns, columns[4], exact=exact)))
