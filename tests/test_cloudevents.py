@@ -324,8 +324,16 @@ def test_sqs_and_sns_carry_structured_cloudevents_and_refuse_binary_mode(
     relay.assert_clean_exit()
 
 
-@pytest.mark.parametrize("claim_check", [False, True], ids=["inline", "claim-checked"])
-@pytest.mark.parametrize("kind", ["locked", "unlocked"])
+@pytest.mark.parametrize(
+    ("kind", "claim_check"),
+    [
+        pytest.param("locked", False, id="locked-inline"),
+        pytest.param("unlocked", False, id="unlocked-inline"),
+        pytest.param("locked", True, id="locked-claim-checked"),
+        # In make test-all: make test keeps its time with the three others.
+        pytest.param("unlocked", True, id="unlocked-claim-checked", marks=pytest.mark.extended),
+    ],
+)
 def test_cloudevents_arrive_in_commit_order_from_locking_and_unlocked_producers(
     kind: str,
     claim_check: bool,

@@ -285,7 +285,8 @@ def test_a_request_timeout_as_long_as_the_publish_timeout_still_sends_what_need_
     assert len({r["idempotency_key"] for r in receiver.requests()}) == 12
 
 
-@pytest.mark.parametrize("limit", ["rate", "concurrency"])
+# The rate limit in make test-all: make test keeps the concurrency limit within its time.
+@pytest.mark.parametrize("limit", [pytest.param("rate", marks=pytest.mark.extended), "concurrency"])
 def test_messages_held_back_by_the_destinations_limits_spend_no_attempt(
     db: Db, relay_dsn: str, receivers: Callable[..., Receiver], relays: list[RelayProcess], limit: str
 ) -> None:

@@ -122,6 +122,9 @@ def ordered_outbox(pg_dsn: str, db: Db) -> Db:
     return db
 
 
+# In make test-all: make test keeps the broker outage, and a topic missing from the start
+# (tests/test_kafka_destination.py), within its time.
+@pytest.mark.extended
 def test_a_deleted_topic_holds_its_messages_until_it_is_back_and_is_never_recreated(
     ordered_outbox: Db, producer_dsn: str, relay_dsn: str, own_kafka: KafkaService, relays: list[RelayProcess],
     record_property: Callable[[str, object], None],
