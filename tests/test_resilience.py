@@ -131,6 +131,9 @@ async def test_finalize_survives_killed_database_connections(
     assert duplicates <= 5  # at most the batch in flight when the connections died
 
 
+# In make test-all: make test keeps killed sessions while the relay runs (here, and
+# tests/test_faults.py's crashes) within its time.
+@pytest.mark.extended
 async def test_sessions_killed_while_the_relay_starts_only_delay_it(
     pg_dsn: str, relay_dsn: str, names: OutboxNames, db: Db
 ) -> None:
