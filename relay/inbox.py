@@ -173,6 +173,8 @@ def _cloudevent(
             document = json.loads(body)
         except ValueError as exc:
             raise ValueError(f"a structured CloudEvent whose body is not JSON: {exc}") from None
+        except RecursionError:  # nested deeper than Python's decoder goes: refused like the rest
+            raise ValueError("a structured CloudEvent whose body is nested too deep to read") from None
         if not isinstance(document, dict):
             raise ValueError("a structured CloudEvent whose body is not a JSON object")
         attributes = {k: v for k, v in document.items() if k not in ("data", "data_base64")}

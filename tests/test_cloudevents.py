@@ -386,3 +386,31 @@ def test_cloudevents_arrive_in_commit_order_from_locking_and_unlocked_producers(
         if first_seq[a.outbox_id] is not None:
             numbered.setdefault(a.aggregate_id, []).append(first_seq[a.outbox_id])  # type: ignore[arg-type]
     assert numbered and all(s == list(range(1, len(s) + 1)) for s in numbered.values()), numbered
+
+
+@pytest.mark.parametrize(
+    ("body", "attributes", "needle"),
+    [
+        ("not json", {"content-type": "application/cloudevents+json"}, "body is not JSON"),
+        ("[1, 2]", {"content-type": "application/cloudevents+json"}, "not a JSON object"),
+        ("[" * 100_000 + "]" * 100_000, {"content-type": "application/cloudevents+json"}, "nested too deep"),
+        (
+            '{"specversion": "1.0", "type": "T", "subject": "a"}',
+            {"content-type": "application/cloudevents+json"},
+            "no event_id",
+        ),
+        ("{}", {"ce-specversion": "1.0", "ce-id": "not-a-uuid", "ce-type": "T", "ce-subject": "a"}, "UUID"),
+    ],
+    ids=["not-json", "not-an-object", "too-deep", "no-id", "bad-id"],
+)
+def test_a_cloudevent_the_helpers_cannot_read_is_one_valueerror(
+    body: str, attributes: dict[str, str], needle: str
+) -> None:
+    """What a receive helper says of a message it cannot read as an event is a ValueError
+    (the consumer runners leave such a message to the broker), never another exception."""
+    message = {
+        "Body": body,
+        "MessageAttributes": {k: {"DataType": "String", "StringValue": v} for k, v in attributes.items()},
+    }
+    with pytest.raises(ValueError, match=needle):
+        received_from_sqs(message)
