@@ -106,6 +106,9 @@ async def run_inbox_consumer(
     )  # fmt: skip
 
 
+# In make test-all with its longer twin: tests/test_consumer_example.py runs the documented
+# consumer the same way in make test.
+@pytest.mark.extended
 async def test_every_committed_event_is_applied_once_in_commit_order(
     orders_service: str, pg_dsn: str, relay_dsn: str, names: OutboxNames, consumer_db: tuple[str, str],
     rabbit: Rabbit, relays: list[RelayProcess], tmp_path: Path,

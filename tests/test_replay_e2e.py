@@ -88,6 +88,9 @@ def store_ordering(pg_dsn: str, names: OutboxNames) -> None:
     assert stored.returncode == 0, stored.stderr
 
 
+# In make test-all: make test keeps the other replays (here, tests/test_replay_api.py,
+# tests/test_history_rule.py, the claim-check's) within its time.
+@pytest.mark.extended
 async def test_replay_of_an_id_range_into_a_fresh_rabbitmq_queue_while_the_live_relay_delivers_new_rows(
     pg_dsn: str,
     producer_dsn: str,
