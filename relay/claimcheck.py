@@ -184,15 +184,14 @@ class ClaimCheckStore:
         saying why (attempt refunded)."""
         loop = asyncio.get_running_loop()
         until = loop.time() + deadline_s
-        # A payload read into a file is one the store takes; were it not (a bug), it is read
-        # back into the body here rather than sent empty.
-        batch = [
-            m if m.spooled is None or self.checks.stores(m.event_type, m.body_size) else _unspooled(m) for m in batch
-        ]
         chosen = [self.checks.of(m.event_type) for m in batch]
         large = [
             i for i, (m, c) in enumerate(zip(batch, chosen, strict=True)) if c is not None and m.body_size > c.threshold
         ]
+        # A payload read into a file is one the store takes; were it not (a bug), it is read
+        # back into the body here rather than sent empty.
+        going_to_store = set(large)
+        batch = [_unspooled(m) if m.spooled is not None and i not in going_to_store else m for i, m in enumerate(batch)]
         outcomes: list[Outcome] = [None] * len(batch)
         sent = list(batch)
         if large:
