@@ -51,6 +51,14 @@ def s3(moto_endpoint: str) -> Any:
     return boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
 
 
+def new_bucket(s3: Any, *, create: bool = True) -> str:
+    """A bucket name of this test's own, created unless ``create`` is False."""
+    bucket = f"claims-{uuid.uuid4().hex[:10]}"
+    if create:
+        s3.create_bucket(Bucket=bucket)
+    return bucket
+
+
 def fetch(s3: Any, received: SqsReceived) -> bytes:
     """What a consumer does with a claim-checked message: fetch the object the reference
     names and check it against the digest the message carries."""
@@ -76,8 +84,7 @@ def relay_args(db: Db, relay_dsn: str, queue: str, endpoint: str, bucket: str) -
 def test_payloads_across_the_threshold_reach_the_consumer_whole(
     db: Db, relay_dsn: str, make_queue: Any, sqs_client: Any, s3: Any, moto_endpoint: str, relays: list[RelayProcess]
 ) -> None:
-    bucket = f"claims-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(Bucket=bucket)
+    bucket = new_bucket(s3)
     queue = make_queue(fifo=True)
     # From an empty object to 1 MB, around the threshold: SQS alone takes at most 256 KiB.
     sizes = [0, 100, THRESHOLD - 20, THRESHOLD + 1, 50_000, 300_000, 1_000_000]
@@ -121,7 +128,7 @@ def test_payloads_across_the_threshold_reach_the_consumer_whole(
 def test_a_store_that_cannot_take_payloads_holds_only_their_messages_unspent(
     db: Db, relay_dsn: str, make_queue: Any, sqs_client: Any, s3: Any, moto_endpoint: str, relays: list[RelayProcess]
 ) -> None:
-    bucket = f"claims-{uuid.uuid4().hex[:10]}"  # not created yet
+    bucket = new_bucket(s3, create=False)  # created later
     queue = make_queue(fifo=False)
     small = db.insert([("a", "Small", {"n": 1}), ("b", "Small", {"n": 2})])
     large = db.insert([("c", "Large", {"blob": "y" * 5000})])
@@ -174,8 +181,7 @@ async def test_the_consumer_fetches_checks_and_streams_each_payload(
     scratch_dsn: str,
     relays: list[RelayProcess],
 ) -> None:
-    bucket = f"claims-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(Bucket=bucket)
+    bucket = new_bucket(s3)
     queue = make_queue(fifo=True)
     payloads = [{"n": 1}, {"blob": "z" * 40_000}, {"blob": "w" * large}]
     ids = db.insert((f"doc-{i}", "DocumentStored", p) for i, p in enumerate(payloads))
@@ -245,8 +251,7 @@ async def test_the_store_gone_mid_run_holds_its_messages_unspent_then_all_flow(
     moto_endpoint: str,
     relays: list[RelayProcess],
 ) -> None:
-    bucket = f"claims-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(Bucket=bucket)
+    bucket = new_bucket(s3)
     queue = make_queue(fifo=False)
     host, port = moto_endpoint.removeprefix("http://").split(":")
     proxy = TcpProxy(host, int(port))
@@ -288,8 +293,7 @@ def test_objects_that_cannot_be_named_are_not_stored_and_their_messages_wait_uns
     """An outbox migrated to 0019 whose relay role was not granted <table>_payloads again
     (docs/upgrading.md): the large message waits, no attempt spent and no object written,
     while the small ones go; granted, it goes."""
-    bucket = f"claims-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(Bucket=bucket)
+    bucket = new_bucket(s3)
     queue = make_queue(fifo=False)
     payloads = sql.Identifier(db.names.schema, f"{db.names.table}_payloads")
     db.conn.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(payloads, sql.Identifier(roles.relay)))
@@ -321,8 +325,7 @@ async def test_killed_relays_leave_no_object_without_its_row_and_lose_nothing(
     moto_endpoint: str,
     relays: list[RelayProcess],
 ) -> None:
-    bucket = f"claims-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(Bucket=bucket)
+    bucket = new_bucket(s3)
     queue = make_queue(fifo=False)
     ids = db.insert((f"doc-{i % 7}", "DocumentStored", {"blob": "c" * 3000, "i": i}) for i in range(60))
 
@@ -387,8 +390,7 @@ async def test_prune_deletes_the_objects_of_rows_that_left_history_and_only_thos
     if partitioned:
         async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
             await migrate(conn, names, PartitionSpec(size=3, ahead=3))
-    bucket = f"claims-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(Bucket=bucket)
+    bucket = new_bucket(s3)
     queue = make_queue(fifo=False)
     ids = db.insert([(f"doc-{i}", "DocumentStored", {"blob": "p" * 4000, "i": i}) for i in range(3)])
     ids += db.insert([("small", "Small", {})])
@@ -440,9 +442,7 @@ def test_each_route_writes_its_own_envelope_and_claim_check(
     """[[routes]] set their own envelope and claim-check over the relay's: documents go as
     CloudEvents (read by the cloudevents SDK) through their own bucket from 2 KiB, audit
     entries are never claim-checked, everything else takes the relay's 1 KiB and bucket."""
-    relay_bucket, documents_bucket = (f"claims-{uuid.uuid4().hex[:10]}" for _ in range(2))
-    for bucket in (relay_bucket, documents_bucket):
-        s3.create_bucket(Bucket=bucket)
+    relay_bucket, documents_bucket = new_bucket(s3), new_bucket(s3)
     default_queue, documents, audit = make_queue(fifo=False), make_queue(fifo=False), make_queue(fifo=False)
     config = tmp_path / "relay.toml"
     config.write_text(
